@@ -1,0 +1,37 @@
+"""ament_python package `wam_diff_ros`; also installs the libraries wam_diff_core, kernels and training."""
+from glob import glob
+
+from setuptools import find_packages, setup
+
+PACKAGE = "wam_diff_ros"
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    packages=find_packages(include=["wam_diff_core*", "kernels*", "training*", "wam_diff_ros*"]),
+    package_data={"wam_diff_core": ["data/*", "data/**/*"]},
+    include_package_data=True,
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+        (f"share/{PACKAGE}", ["package.xml"]),
+        (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
+        (f"share/{PACKAGE}/config", glob("config/*.yaml")),
+    ],
+    python_requires=">=3.10",
+    install_requires=["setuptools"],
+    extras_require={
+        "gpu": ["flashinfer-python==0.7.0"],
+        "carla": ["carla==0.9.16"],
+    },
+    zip_safe=False,
+    maintainer="WAM-Diff ROS team",
+    maintainer_email="maintainers@wam-diff-ros.org",
+    description="Block-diffusion driving VLA (WAM-Diff2) as a ROS 2 package",
+    license="Apache-2.0",
+    entry_points={
+        "console_scripts": [
+            "wam-diff = wam_diff_core.cli:main",
+            "wam-diff-train = training.cli:main",
+        ],
+    },
+)
