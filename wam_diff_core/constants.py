@@ -1,0 +1,37 @@
+"""Project-wide constants, defined once (ARCHITECTURE.md conventions)."""
+
+# Trajectory contract: 8 waypoints at 0.5 s spacing over 4 s, ego frame (x forward, y left, metres).
+NUM_WAYPOINTS = 8
+WAYPOINT_DT_S = 0.5
+HORIZON_S = NUM_WAYPOINTS * WAYPOINT_DT_S
+TRAJECTORY_DECIMALS = 2
+
+# Qwen3-VL grounding boxes are relative to the image on a 0..BOX_SCALE scale.
+BOX_SCALE = 1000
+
+# Special tokens. MASK_TOKEN is the diffusion mask; EOS_TOKEN ends an answer (Qwen chat turn end).
+MASK_TOKEN = "<|mask|>"
+EOS_TOKEN = "<|im_end|>"
+IM_START_TOKEN = "<|im_start|>"
+PAD_TOKEN = "<|endoftext|>"
+VISION_START_TOKEN = "<|vision_start|>"
+VISION_END_TOKEN = "<|vision_end|>"
+IMAGE_PAD_TOKEN = "<|image_pad|>"
+VIDEO_PAD_TOKEN = "<|video_pad|>"
+IMAGE_PLACEHOLDER = "<image>"  # marks an image in dataset human turns
+
+# Navigation commands understood by prompts, planners and simulators (lower-case phrases).
+NAV_COMMANDS = (
+    "follow lane",
+    "turn left",
+    "turn right",
+    "go straight",
+    "change lane left",
+    "change lane right",
+)
+
+# Tasks the policy can answer in one token space.
+TASKS = ("planning", "detection", "qa")
+
+# Diffusion settings file stored next to a Hugging Face checkpoint.
+WAM_DIFF_CONFIG_NAME = "wam_diff.json"
