@@ -1,0 +1,55 @@
+"""`wam-diff` command line: one sub-command per module, imported lazily so start-up stays fast.
+
+Each sub-command module exposes `add_arguments(parser)` and `run(args) -> int`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "bench": ("wam_diff_core.bench", "decode-speed benchmark: table + JSON"),
+    "demo": ("wam_diff_core.demo", "run the main job on the embedded default"),
+    "decode": ("wam_diff_core.decode_cli", "decode one prompt (image + ego state) and print the plan"),
+    "data": ("wam_diff_core.sim.datagen", "generate planning/detection/QA datasets from the embedded world"),
+    "drive": ("wam_diff_core.sim.closed_loop", "closed-loop driving on the embedded route suite"),
+    "score": ("wam_diff_core.eval.score_cli", "re-score saved per-route closed-loop results"),
+    "report": ("wam_diff_core.report", "evaluate models and write a markdown table and plots"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wam-diff", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if argv and argv[0] not in ("-h", "--help"):
+            parser.error(f"unknown command {argv[0]!r}; expected one of {sorted(COMMANDS)}")
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            print(f"wam-diff {name}: not available in this installation ({module_name} missing)", file=sys.stderr)
+            return 2
+        raise
+    parser = argparse.ArgumentParser(prog=f"wam-diff {name}", description=help_text)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
