@@ -1,0 +1,244 @@
+"""Model text <-> typed values: trajectories, 2D boxes, answers.
+
+Parsing never raises on model text: every ``parse_*`` returns the value or a ``ParseError``
+whose ``kind`` says what went wrong, so garbage output cannot crash a node or a closed loop.
+Formatting is the inverse used to build training targets; it raises on bad input (our data).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import numpy as np
+
+from .constants import BOX_SCALE, EOS_TOKEN, NUM_WAYPOINTS, TRAJECTORY_DECIMALS
+from .types import Detection
+
+# Physical plausibility: 4 s at 50 m/s is 200 m; anything farther is model garbage.
+_MAX_ABS_COORD_M = 200.0
+
+PARSE_ERROR_KINDS = (
+    "not_text",  # input was not a str
+    "empty",  # nothing left after stripping whitespace and cutting at EOS
+    "truncated",  # text ends mid-value (a number like "1." or "-", unclosed JSON)
+    "wrong_count",  # not exactly 2 * NUM_WAYPOINTS numbers
+    "not_a_number",  # a value that is not a plain decimal number
+    "non_finite",  # NaN or infinity
+    "out_of_range",  # a trajectory coordinate beyond 200 m or a box coordinate outside 0..1000
+    "bad_json",  # not JSON, or JSON that is not a list
+    "missing_key",  # a box object without "bbox_2d" or "label"
+    "bad_box",  # a box that is not an object, not 4 coordinates, or has x2 < x1 / y2 < y1
+    "bad_label",  # a label that is not a non-empty string
+)
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """Why model text could not be read: ``kind`` is one of PARSE_ERROR_KINDS, ``message`` names the bad value."""
+
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+# A complete number: optional sign, digits with an optional fraction (or a bare fraction), optional exponent.
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?")
+# A proper prefix of a number, i.e. what a decoder stopped in the middle of: "-", "1.", "1.2e", "1.2e-".
+_NUMBER_PREFIX = re.compile(r"[+-]?(?:\d+(?:\.\d*)?(?:[eE][+-]?\d*)?|\.(?:\d+(?:[eE][+-]?\d*)?)?)?")
+_NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
+_FENCE_OPEN = re.compile(r"^```[A-Za-z]*")
+
+
+def _clean(text: object) -> Union[str, ParseError]:
+    """Shared first step: type check, cut at EOS, strip whitespace, reject empty."""
+    if not isinstance(text, str):
+        return ParseError("not_text", f"expected str, got {type(text).__name__}")
+    cut = text.split(EOS_TOKEN, 1)[0].strip()
+    if not cut:
+        return ParseError("empty", f"no text before {EOS_TOKEN!r} in {text[:80]!r}")
+    return cut
+
+
+# ---------------------------------------------------------------------------------------------
+# Trajectory: "x1,y1,...,x8,y8", metres, ego frame, two decimals.
+
+
+def format_trajectory(trajectory: np.ndarray) -> str:
+    """(NUM_WAYPOINTS, 2) metres in the ego frame -> "x1,y1,...,x8,y8" with two decimals, no spaces.
+
+    Raises ValueError for a wrong shape or non-finite values.
+    """
+    arr = np.asarray(trajectory, dtype=np.float64)
+    if arr.shape != (NUM_WAYPOINTS, 2):
+        raise ValueError(f"trajectory must have shape ({NUM_WAYPOINTS}, 2), got {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"trajectory must be finite, got {arr.tolist()}")
+    # "+ 0.0" turns -0.0 into 0.0 so that tiny negatives never print as "-0.00".
+    return ",".join(f"{round(float(v), TRAJECTORY_DECIMALS) + 0.0:.{TRAJECTORY_DECIMALS}f}" for v in arr.reshape(-1))
+
+
+def _parse_number(token: str, index: int, is_last: bool) -> Union[float, ParseError]:
+    token = token.strip()
+    if _NUMBER.fullmatch(token):
+        value = float(token)
+        if not math.isfinite(value):  # e.g. "1e999"
+            return ParseError("non_finite", f"value {index + 1} {token!r} overflows to {value}")
+        return value
+    if _NON_FINITE.fullmatch(token):
+        return ParseError("non_finite", f"value {index + 1} is {token!r}")
+    if is_last and _NUMBER_PREFIX.fullmatch(token):
+        return ParseError("truncated", f"text ends mid-number at value {index + 1}: {token!r}")
+    return ParseError("not_a_number", f"value {index + 1} is {token[:40]!r}, expected a decimal number")
+
+
+def parse_trajectory(text: str) -> Union[np.ndarray, ParseError]:
+    """Model text "x1,y1,...,x8,y8" -> (NUM_WAYPOINTS, 2) float32 metres, or a ParseError.
+
+    Surrounding whitespace and everything from EOS_TOKEN on are ignored; exactly
+    2 * NUM_WAYPOINTS plain decimal numbers are required, each with |value| <= 200 m.
+    """
+    cleaned = _clean(text)
+    if isinstance(cleaned, ParseError):
+        return cleaned
+    tokens = cleaned.split(",")
+    values: list[float] = []
+    for i, token in enumerate(tokens):
+        value = _parse_number(token, i, is_last=i == len(tokens) - 1)
+        if isinstance(value, ParseError):
+            return value
+        values.append(value)
+    expected = 2 * NUM_WAYPOINTS
+    if len(values) != expected:
+        return ParseError("wrong_count", f"got {len(values)} numbers, expected {expected}")
+    arr = np.asarray(values, dtype=np.float64).reshape(NUM_WAYPOINTS, 2)
+    worst = float(np.abs(arr).max())
+    if worst > _MAX_ABS_COORD_M:
+        return ParseError("out_of_range", f"coordinate {worst:.2f} m exceeds {_MAX_ABS_COORD_M:.0f} m")
+    return arr.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2D boxes: Qwen3-VL grounding JSON, coordinates on the 0..BOX_SCALE scale.
+
+
+def _check_image_size(image_size: Sequence[float]) -> tuple[float, float]:
+    try:
+        width, height = (float(v) for v in image_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"image_size must be (width, height), got {image_size!r}") from None
+    if not (math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0):
+        raise ValueError(f"image_size must be positive (width, height) pixels, got {image_size!r}")
+    return width, height
+
+
+def boxes_px_to_norm(box_px: Sequence[float], image_size: Sequence[float]) -> tuple[float, float, float, float]:
+    """(x1, y1, x2, y2) pixels -> the 0..BOX_SCALE scale of an image of (width, height) pixels."""
+    width, height = _check_image_size(image_size)
+    x1, y1, x2, y2 = (float(v) for v in box_px)
+    return (x1 / width * BOX_SCALE, y1 / height * BOX_SCALE, x2 / width * BOX_SCALE, y2 / height * BOX_SCALE)
+
+
+def boxes_norm_to_px(box_norm: Sequence[float], image_size: Sequence[float]) -> tuple[float, float, float, float]:
+    """(x1, y1, x2, y2) on the 0..BOX_SCALE scale -> pixels of an image of (width, height) pixels."""
+    width, height = _check_image_size(image_size)
+    x1, y1, x2, y2 = (float(v) for v in box_norm)
+    return (x1 / BOX_SCALE * width, y1 / BOX_SCALE * height, x2 / BOX_SCALE * width, y2 / BOX_SCALE * height)
+
+
+def format_detections(detections: Sequence[Detection]) -> str:
+    """Detections -> compact grounding JSON '[{"bbox_2d":[x1,y1,x2,y2],"label":"car"},...]'.
+
+    Uses ``box_norm``, rounded to integers and clipped to 0..BOX_SCALE. Raises ValueError
+    for a non-finite box or an empty label.
+    """
+    items = []
+    for det in detections:
+        if not isinstance(det.label, str) or not det.label.strip():
+            raise ValueError(f"detection label must be a non-empty string, got {det.label!r}")
+        if len(det.box_norm) != 4 or not all(math.isfinite(float(v)) for v in det.box_norm):
+            raise ValueError(f"detection box_norm must be 4 finite numbers, got {det.box_norm!r}")
+        box = [min(max(int(round(float(v))), 0), BOX_SCALE) for v in det.box_norm]
+        items.append({"bbox_2d": box, "label": det.label.strip()})
+    return json.dumps(items, separators=(",", ":"), ensure_ascii=False)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _parse_box(item: object, index: int, width: float, height: float) -> Union[Detection, ParseError]:
+    where = f"box {index + 1}"
+    if not isinstance(item, dict):
+        return ParseError("bad_box", f"{where} is {type(item).__name__}, expected an object")
+    for key in ("bbox_2d", "label"):
+        if key not in item:
+            return ParseError("missing_key", f"{where} has no {key!r} (keys: {sorted(map(str, item))[:6]})")
+    coords, label = item["bbox_2d"], item["label"]
+    if not isinstance(label, str) or not label.strip():
+        return ParseError("bad_label", f"{where} label is {label!r}, expected a non-empty string")
+    if not isinstance(coords, list) or len(coords) != 4:
+        return ParseError("bad_box", f"{where} bbox_2d is {str(coords)[:60]}, expected [x1, y1, x2, y2]")
+    for c in coords:
+        if not _is_number(c):
+            return ParseError("not_a_number", f"{where} coordinate {str(c)[:40]!r} is not a number")
+        if isinstance(c, float) and not math.isfinite(c):  # json accepts NaN and Infinity
+            return ParseError("non_finite", f"{where} coordinate is {c}")
+        if not 0 <= c <= BOX_SCALE:
+            return ParseError("out_of_range", f"{where} coordinate {c} outside 0..{BOX_SCALE}")
+    x1, y1, x2, y2 = (float(c) for c in coords)
+    if x2 < x1 or y2 < y1:
+        return ParseError("bad_box", f"{where} corners {coords} have x2 < x1 or y2 < y1")
+    box_norm = (x1, y1, x2, y2)
+    box_px = (x1 / BOX_SCALE * width, y1 / BOX_SCALE * height, x2 / BOX_SCALE * width, y2 / BOX_SCALE * height)
+    return Detection(label=label.strip(), box_px=box_px, box_norm=box_norm)
+
+
+def parse_detections(text: str, image_size: Sequence[float]) -> Union[list[Detection], ParseError]:
+    """Grounding JSON (optionally in ```json fences) -> detections with box_norm and box_px, or a ParseError.
+
+    ``image_size`` is (width, height) in pixels; box_px = box_norm / BOX_SCALE * size. An empty
+    list is a valid answer. Raises ValueError only for a bad ``image_size`` (a caller bug), never
+    for any text.
+    """
+    width, height = _check_image_size(image_size)
+    cleaned = _clean(text)
+    if isinstance(cleaned, ParseError):
+        return cleaned
+    body = cleaned
+    if body.startswith("```"):
+        # Drop the opening fence with its language tag and anything from the closing fence on
+        # (or a closing fence cut short: valid JSON never ends in a backtick).
+        body = _FENCE_OPEN.sub("", body, count=1).split("```", 1)[0].strip().rstrip("`").strip()
+        if not body:
+            return ParseError("empty", "code fence with nothing inside")
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as err:
+        ran_out = err.pos >= len(body) or err.msg.startswith("Unterminated string")
+        kind = "truncated" if ran_out else "bad_json"
+        return ParseError(kind, f"{err.msg} at char {err.pos} of {body[:60]!r}")
+    except (ValueError, RecursionError) as err:  # e.g. huge integers, absurd nesting
+        return ParseError("bad_json", f"{type(err).__name__}: {str(err)[:80]}")
+    if not isinstance(data, list):
+        return ParseError("bad_json", f"expected a JSON list of boxes, got {type(data).__name__}")
+    detections = []
+    for i, item in enumerate(data):
+        det = _parse_box(item, i, width, height)
+        if isinstance(det, ParseError):
+            return det
+        detections.append(det)
+    return detections
+
+
+# ---------------------------------------------------------------------------------------------
+# QA: free text.
+
+
+def parse_answer(text: str) -> Union[str, ParseError]:
+    """Model text -> the answer stripped of whitespace and cut at EOS_TOKEN, or ParseError "empty"/"not_text"."""
+    return _clean(text)

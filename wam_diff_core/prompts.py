@@ -1,0 +1,141 @@
+"""Prompt text for each task and the Qwen chat form the model consumes (text only; no tokenization).
+
+Every task prompt is a module-level template below, so training data, the policy and the
+evaluation all ask the model the same question.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .constants import (
+    BOX_SCALE,
+    EOS_TOKEN,
+    HORIZON_S,
+    IM_START_TOKEN,
+    IMAGE_PAD_TOKEN,
+    IMAGE_PLACEHOLDER,
+    NUM_WAYPOINTS,
+    TRAJECTORY_DECIMALS,
+    VISION_END_TOKEN,
+    VISION_START_TOKEN,
+    WAYPOINT_DT_S,
+)
+from .types import EgoState, check_command
+
+# Decimals of the ego state in the planning prompt (the same precision as the waypoints).
+_EGO_DECIMALS = 2
+
+PLANNING_TEMPLATE = (
+    "You are the driver of the ego vehicle. "
+    "Ego state: velocity vx={vx} m/s, vy={vy} m/s; acceleration ax={ax} m/s^2, ay={ay} m/s^2. "
+    "Navigation command: {command}.\n"
+    "Plan the next {horizon:g} s. Output {n} waypoints x,y in metres in the ego frame "
+    "(x forward, y left), one every {dt:g} s, as x1,y1,x2,y2,...,x{n},y{n} "
+    "with {decimals} decimals and no spaces."
+)
+
+DETECTION_PROMPT = (
+    "Detect every vehicle in view. Output a JSON list of "
+    '{"bbox_2d": [x1, y1, x2, y2], "label": "car"} objects with coordinates on a '
+    f"0..{BOX_SCALE} scale relative to the image; output [] if there is none."
+)
+
+QA_TEMPLATE = "{question}\nAnswer briefly."
+
+# One image in the chat form; the Qwen3-VL processor later expands the single pad token.
+IMAGE_TOKENS = VISION_START_TOKEN + IMAGE_PAD_TOKEN + VISION_END_TOKEN
+
+_SAMPLE_KEYS = ("id", "datasource", "task", "image", "conversations")
+
+
+def _num(value: float) -> str:
+    # "+ 0.0" keeps tiny negatives from printing as "-0.00".
+    return f"{round(float(value), _EGO_DECIMALS) + 0.0:.{_EGO_DECIMALS}f}"
+
+
+def planning_prompt(ego: EgoState, command: str) -> str:
+    """Planning question: ego velocity (m/s) and acceleration (m/s^2) with two decimals, the
+    navigation command, and the trajectory output format. Raises ValueError for an unknown command."""
+    if not isinstance(ego, EgoState):
+        raise ValueError(f"ego must be an EgoState, got {type(ego).__name__}")
+    return PLANNING_TEMPLATE.format(
+        vx=_num(ego.vx),
+        vy=_num(ego.vy),
+        ax=_num(ego.ax),
+        ay=_num(ego.ay),
+        command=check_command(command),
+        horizon=HORIZON_S,
+        n=NUM_WAYPOINTS,
+        dt=WAYPOINT_DT_S,
+        decimals=TRAJECTORY_DECIMALS,
+    )
+
+
+def detection_prompt() -> str:
+    """Detection question: vehicles in view as grounding JSON boxes on the 0..1000 scale."""
+    return DETECTION_PROMPT
+
+
+def qa_prompt(question: str) -> str:
+    """Driving question -> prompt text. Raises ValueError for a non-string or blank question."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question must be a non-empty string, got {question!r}")
+    return QA_TEMPLATE.format(question=question.strip())
+
+
+def _chat(user_content: str) -> str:
+    return f"{IM_START_TOKEN}user\n{user_content}{EOS_TOKEN}\n{IM_START_TOKEN}assistant\n"
+
+
+def chat_prompt(user_text: str, num_images: int) -> str:
+    """Qwen chat form: one user turn holding ``num_images`` image slots then ``user_text``,
+    followed by the opening of the assistant turn. Raises ValueError for bad arguments."""
+    if not isinstance(user_text, str):
+        raise ValueError(f"user_text must be a string, got {type(user_text).__name__}")
+    if not isinstance(num_images, int) or isinstance(num_images, bool) or num_images < 0:
+        raise ValueError(f"num_images must be an int >= 0, got {num_images!r}")
+    return _chat(IMAGE_TOKENS * num_images + user_text)
+
+
+def sample_to_chat(sample: dict[str, Any]) -> tuple[str, str]:
+    """Dataset sample (ARCHITECTURE.md format) -> (prompt in chat form, response text).
+
+    Each ``<image>`` marker in the human turn becomes one image slot in place; with no marker
+    the images go first. The response is the gpt turn as stored (no EOS_TOKEN appended).
+    Raises ValueError naming the sample id and the problem for a malformed sample; only one
+    human turn followed by one gpt turn is supported for now.
+    """
+    if not isinstance(sample, dict):
+        raise ValueError(f"sample must be a dict, got {type(sample).__name__}")
+    sid = sample.get("id", "<no id>")
+    missing = [k for k in _SAMPLE_KEYS if k not in sample]
+    if missing:
+        raise ValueError(f"sample {sid!r}: missing keys {missing}; expected {list(_SAMPLE_KEYS)}")
+    images, turns = sample["image"], sample["conversations"]
+    if not isinstance(images, list) or not all(isinstance(p, str) for p in images):
+        raise ValueError(f"sample {sid!r}: 'image' must be a list of path strings, got {images!r}")
+    if not isinstance(turns, list) or len(turns) != 2:
+        count = len(turns) if isinstance(turns, list) else type(turns).__name__
+        raise ValueError(
+            f"sample {sid!r}: expected exactly one human turn followed by one gpt turn "
+            f"(multi-turn conversations are not supported yet), got {count} turns"
+        )
+    for i, (turn, role) in enumerate(zip(turns, ("human", "gpt"))):
+        if not isinstance(turn, dict) or turn.get("from") != role or not isinstance(turn.get("value"), str):
+            raise ValueError(
+                f"sample {sid!r}: turn {i} must be {{'from': {role!r}, 'value': <str>}}, got {str(turn)[:120]}"
+            )
+    human, response = turns[0]["value"], turns[1]["value"]
+    if not response.strip():
+        raise ValueError(f"sample {sid!r}: gpt turn is empty")
+    if IMAGE_PLACEHOLDER in response:
+        raise ValueError(f"sample {sid!r}: {IMAGE_PLACEHOLDER!r} in the gpt turn; images belong in the human turn")
+    markers = human.count(IMAGE_PLACEHOLDER)
+    if markers == 0:
+        return chat_prompt(human, len(images)), response
+    if markers != len(images):
+        raise ValueError(
+            f"sample {sid!r}: {markers} {IMAGE_PLACEHOLDER!r} markers in the human turn "
+            f"but {len(images)} images; they must match"
+        )
+    return _chat(human.replace(IMAGE_PLACEHOLDER, IMAGE_TOKENS)), response
