@@ -1,0 +1,1 @@
+"""Block-causal attention: visibility rules (block_mask) and registered backends (backends)."""

@@ -1,0 +1,199 @@
+"""Loading and saving checkpoints: a local Hugging Face Qwen3-VL directory plus `wam_diff.json`.
+
+Loading is from a local path only (`local_files_only`), safetensors only (a pickle checkpoint is
+refused), never remote code. A missing or corrupt file raises an error that names the file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors import safe_open
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+from ..constants import EOS_TOKEN, IMAGE_PAD_TOKEN, PAD_TOKEN, VIDEO_PAD_TOKEN, VISION_END_TOKEN, VISION_START_TOKEN, WAM_DIFF_CONFIG_NAME
+from .presets import QWEN_SPECIAL_IDS, get_preset, build_config
+from .processor import IMAGE_PROCESSOR_FILE, VLProcessor
+from .settings import WamDiffSettings
+from .tokenizer import nano_image_processor, train_nano_tokenizer
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+# The id a stock Qwen3-VL tokenizer gives the added mask token: the first spare embedding row.
+QWEN_MASK_TOKEN_ID = 151669
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing a file or holds a corrupt one (the message names it)."""
+
+
+@dataclass
+class LoadedModel:
+    model: Qwen3VLForConditionalGeneration
+    processor: Optional[VLProcessor]  # None for architecture presets without a tokenizer
+    settings: WamDiffSettings
+    name: str
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"missing checkpoint file: {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"corrupt checkpoint file {path}: not valid JSON ({exc})") from exc
+
+
+def _weight_files(path: Path) -> list[Path]:
+    if (path / SAFETENSORS_INDEX).is_file():
+        index = _read_json(path / SAFETENSORS_INDEX)
+        files = sorted({path / f for f in index.get("weight_map", {}).values()})
+        if not files:
+            raise CheckpointError(f"corrupt checkpoint file {path / SAFETENSORS_INDEX}: empty weight_map")
+    elif (path / SAFETENSORS_FILE).is_file():
+        files = [path / SAFETENSORS_FILE]
+    else:
+        pickles = [name for name in PICKLE_FILES if (path / name).exists()]
+        if pickles:
+            raise CheckpointError(f"{path / pickles[0]}: pickle checkpoints are refused; convert to {SAFETENSORS_FILE}")
+        raise CheckpointError(f"missing checkpoint file: {path / SAFETENSORS_FILE}")
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"missing checkpoint file: {f}")
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                keys = list(handle.keys())
+                if keys:
+                    handle.get_slice(keys[-1])  # touch the last tensor's header
+        except Exception as exc:  # safetensors raises several error types for bad files
+            raise CheckpointError(f"corrupt checkpoint file {f}: {exc}") from exc
+    return files
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """Validate a checkpoint directory's files before loading; returns the path."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {path}")
+    config = _read_json(path / "config.json")
+    if config.get("model_type") not in ("qwen3_vl",):
+        raise CheckpointError(f"{path / 'config.json'}: model_type {config.get('model_type')!r}, expected 'qwen3_vl'")
+    _weight_files(path)
+    for name in TOKENIZER_FILES:
+        if not (path / name).is_file():
+            raise CheckpointError(f"missing checkpoint file: {path / name}")
+    _read_json(path / IMAGE_PROCESSOR_FILE)
+    if (path / WAM_DIFF_CONFIG_NAME).exists():
+        _read_json(path / WAM_DIFF_CONFIG_NAME)
+    return path
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> LoadedModel:
+    """Load a local Qwen3-VL checkpoint (HF directory, safetensors) with its processor and diffusion settings.
+
+    A checkpoint without `wam_diff.json` is a stock autoregressive model: trained block size 1,
+    mask token added to its tokenizer.
+    """
+    path = check_checkpoint(path)
+    try:
+        processor = VLProcessor.from_pretrained(path)
+    except Exception as exc:
+        raise CheckpointError(f"cannot load tokenizer / image processor from {path}: {exc}") from exc
+    try:
+        model = Qwen3VLForConditionalGeneration.from_pretrained(
+            str(path), local_files_only=True, use_safetensors=True, trust_remote_code=False,
+            dtype=dtype or torch.float32,
+        )
+    except Exception as exc:
+        raise CheckpointError(f"cannot load weights from {path}: {exc}") from exc
+    model.to(device).eval()
+    vocab = model.config.text_config.vocab_size
+    if processor.mask_token_id >= vocab:
+        raise CheckpointError(
+            f"{path}: mask token id {processor.mask_token_id} does not fit the embedding matrix ({vocab} rows)"
+        )
+    settings_file = path / WAM_DIFF_CONFIG_NAME
+    if settings_file.exists():
+        settings = WamDiffSettings.load(settings_file)
+    else:
+        settings = WamDiffSettings(
+            mask_token_id=processor.mask_token_id,
+            eos_token_id=processor.tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        )
+    return LoadedModel(model, processor, settings, name=str(path))
+
+
+def save_model(loaded: LoadedModel, path: str | Path) -> Path:
+    """Write model (safetensors), processor and settings atomically: a temporary directory, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        loaded.model.save_pretrained(str(tmp), safe_serialization=True)
+        if loaded.processor is not None:
+            loaded.processor.save_pretrained(tmp)
+        loaded.settings.save(tmp)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def build_preset(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                 seed: int = 0) -> LoadedModel:
+    """A preset architecture with random weights (seeded). `nano` comes with its own trained tokenizer
+    and image processor; the real architectures have none (speed measurement only)."""
+    preset = get_preset(name)
+    if preset.own_tokenizer:
+        tokenizer = train_nano_tokenizer(preset.text.vocab_size, seed=0)
+        processor = VLProcessor(tokenizer, nano_image_processor())
+        ids = {
+            "pad_token_id": tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+            "eos_token_id": tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+            "vision_start_token_id": tokenizer.convert_tokens_to_ids(VISION_START_TOKEN),
+            "vision_end_token_id": tokenizer.convert_tokens_to_ids(VISION_END_TOKEN),
+            "image_token_id": tokenizer.convert_tokens_to_ids(IMAGE_PAD_TOKEN),
+            "video_token_id": tokenizer.convert_tokens_to_ids(VIDEO_PAD_TOKEN),
+        }
+        mask_id = processor.mask_token_id
+    else:
+        processor, ids, mask_id = None, dict(QWEN_SPECIAL_IDS), QWEN_MASK_TOKEN_ID
+    config: Qwen3VLConfig = build_config(preset, ids)
+    dtype = dtype or torch.float32
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3VLForConditionalGeneration._from_config(config, dtype=dtype)
+    model.eval()
+    settings = WamDiffSettings(mask_token_id=mask_id, eos_token_id=ids["eos_token_id"])
+    return LoadedModel(model, processor, settings, name=name)
+
+
+def load(model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> LoadedModel:
+    """A local checkpoint directory, or a preset name."""
+    if Path(model).is_dir():
+        return load_model(model, device=device, dtype=dtype)
+    try:
+        return build_preset(str(model), device=device, dtype=dtype)
+    except ValueError as exc:
+        raise CheckpointError(f"{model!r} is neither a checkpoint directory nor a preset ({exc})") from exc

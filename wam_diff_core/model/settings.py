@@ -1,0 +1,51 @@
+"""Diffusion settings stored beside a checkpoint as `wam_diff.json`."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..constants import MASK_TOKEN, WAM_DIFF_CONFIG_NAME
+
+STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
+
+
+@dataclass(frozen=True)
+class DecodingDefaults:
+    block_size: int = 32
+    steps: int = 4
+    strategy: str = "low_confidence_dynamic"
+    threshold: float = 0.9
+
+
+@dataclass(frozen=True)
+class WamDiffSettings:
+    """mask_token_id / eos_token_id: ids in this checkpoint's vocabulary; trained_block_size: the block
+    size the weights were trained for (1 = a plain autoregressive model)."""
+
+    mask_token_id: int
+    eos_token_id: int
+    mask_token: str = MASK_TOKEN
+    trained_block_size: int = 1
+    decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def save(self, directory: str | Path) -> None:
+        (Path(directory) / WAM_DIFF_CONFIG_NAME).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "WamDiffSettings":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+            decoding = DecodingDefaults(**raw.pop("decoding", {}))
+            settings = cls(decoding=decoding, **raw)
+        except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not a valid {WAM_DIFF_CONFIG_NAME} ({exc})") from exc
+        if settings.decoding.strategy not in STRATEGIES:
+            raise ValueError(f"{path}: decoding.strategy {settings.decoding.strategy!r} not in {STRATEGIES}")
+        if settings.trained_block_size < 1:
+            raise ValueError(f"{path}: trained_block_size must be >= 1, got {settings.trained_block_size}")
+        return settings
