@@ -1,0 +1,449 @@
+"""WAM-Diff planner: a ROS 2 lifecycle node, camera images in; trajectory, detections and answers out.
+
+Lifecycle (the yolo_ros shape):
+  configure  read parameters, create publishers and the AskQuestion service
+  activate   load the policy, start the planning thread, subscribe cameras / odometry / command
+  deactivate unsubscribe, stop the planning thread, free the policy
+  cleanup    destroy publishers and the service
+Parameters are read on configure; change them and reconfigure (deactivate, cleanup, configure).
+
+Inputs : camera_topics (sensor_msgs/Image, or CompressedImage when the topic ends in "/compressed";
+         best-effort, depth 1), odometry_topic (nav_msgs/Odometry), command_topic (std_msgs/String,
+         one of wam_diff_core.constants.NAV_COMMANDS).
+Outputs: trajectory (wam_diff_msgs/Trajectory), path (nav_msgs/Path), detections
+         (wam_diff_msgs/Detection2DArray), markers (visualization_msgs/MarkerArray), answer
+         (wam_diff_msgs/DrivingAnswer), /diagnostics (diagnostic_msgs/DiagnosticArray);
+         service ask (wam_diff_msgs/srv/AskQuestion). Every output header carries the input stamp.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from nav_msgs.msg import Odometry, Path
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import CompressedImage, Image
+from std_msgs.msg import Header, String
+from builtin_interfaces.msg import Time
+from visualization_msgs.msg import MarkerArray
+
+from wam_diff_core.constants import NAV_COMMANDS, TASKS
+from wam_diff_core.types import EgoState, check_command
+from wam_diff_msgs.msg import Detection2DArray, DrivingAnswer, Trajectory
+from wam_diff_msgs.srv import AskQuestion
+
+from .camera_sync import ApproximateTimeSync, FrameSet, StampedFrame
+from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
+from .plan_messages import (detections_msg, diagnostics_msg, marker_array_msg, path_msg, trajectory_msg)
+from .planner_stats import PlannerStats
+from .planning_worker import PlanningWorker
+
+NODE_NAME = "wam_diff_planner"
+
+# name -> (default, description). Types follow the defaults.
+PARAMETERS = {
+    "model": ("nano", "model preset name (e.g. 'nano') or local checkpoint directory; 'fake' = no model (wiring tests)"),
+    "device": ("cpu", "torch device: cpu, cuda, cuda:0, ..."),
+    "attention_backend": ("sdpa", "attention backend: sdpa, flex, flashinfer (GPU)"),
+    "cuda_graphs": (False, "capture the block decode step as a CUDA graph (GPU only)"),
+    "block_size": (32, "B: tokens denoised in parallel per block (1 = autoregressive)"),
+    "denoising_steps": (4, "K: denoising steps per block"),
+    "remasking_strategy": ("low_confidence_dynamic", "low_confidence_dynamic, low_confidence_static or sequential"),
+    "remasking_threshold": (0.9, "confidence threshold of low_confidence_dynamic"),
+    "max_new_tokens": (0, "token budget per answer; 0 = the model's default"),
+    "tasks": (["planning"], f"tasks run on every frame set, subset of {list(TASKS)}"),
+    "camera_topics": (["/camera/image_raw"], "camera topics in prompt order; '/compressed' suffix = CompressedImage"),
+    "image_reliability": ("best_effort", "camera QoS reliability: best_effort or reliable (depth is always 1)"),
+    "sync_slop_s": (0.05, "largest stamp spread accepted between matched cameras, seconds"),
+    "odometry_topic": ("/odom", "nav_msgs/Odometry of the ego vehicle (twist in the ego frame)"),
+    "command_topic": ("command", "std_msgs/String navigation command"),
+    "default_command": ("follow lane", f"command used until one arrives; one of {list(NAV_COMMANDS)}"),
+    "rate_hz": (10.0, "most plans per second; the node plans on the newest frame set when free (0 = no cap)"),
+    "base_frame_id": ("base_link", "frame of trajectory, path and markers (ego: x forward, y left)"),
+    "diagnostics_period_s": (1.0, "period of the /diagnostics status, seconds"),
+    "ask_timeout_s": (30.0, "longest AskQuestion waits for the model, seconds"),
+    "warmup": (True, "run one plan on a blank image on activate so the first frame is not slow"),
+    "autostart": (False, "configure and activate on start (console scripts, launch without a lifecycle manager)"),
+}
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The parameters that define the loaded policy."""
+
+    model: str
+    device: str
+    attention_backend: str
+    cuda_graphs: bool
+    block_size: int
+    denoising_steps: int
+    remasking_strategy: str
+    remasking_threshold: float
+    max_new_tokens: int
+    tasks: tuple[str, ...]
+
+
+def load_policy(settings: PolicySettings):
+    """Create the policy for `settings`. The core engine is imported here, lazily, so the node starts
+    fast and tests can inject a fake through PlannerNode(policy_factory=...)."""
+    if settings.model == "fake":
+        from .fake_policy import FakePolicy
+
+        return FakePolicy(tasks=settings.tasks)
+    from wam_diff_core.policy import DrivingPolicy, PolicyConfig
+
+    kwargs = dict(block_size=settings.block_size, steps=settings.denoising_steps,
+                  strategy=settings.remasking_strategy, threshold=settings.remasking_threshold,
+                  backend=settings.attention_backend, cuda_graphs=settings.cuda_graphs, tasks=settings.tasks)
+    if settings.max_new_tokens > 0:
+        kwargs["max_new_tokens"] = settings.max_new_tokens
+    return DrivingPolicy.load(settings.model, device=settings.device, config=PolicyConfig(**kwargs))
+
+
+def stamp_to_ns(stamp) -> int:
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def ns_to_stamp(ns: int) -> Time:
+    return Time(sec=int(ns // 1_000_000_000), nanosec=int(ns % 1_000_000_000))
+
+
+class PlannerNode(LifecycleNode):
+    """Lifecycle node running DrivingPolicy on the newest matched camera frame set."""
+
+    def __init__(self, node_name: str = NODE_NAME, *, policy_factory: Optional[Callable] = None, **kwargs):
+        super().__init__(node_name, **kwargs)
+        self._policy_factory = policy_factory or load_policy
+        for name, (default, description) in PARAMETERS.items():
+            self.declare_parameter(name, default, ParameterDescriptor(description=description))
+        self.stats = PlannerStats()
+        self.policy = None
+        self._worker: Optional[PlanningWorker] = None
+        self._sync: Optional[ApproximateTimeSync] = None
+        self._pubs: dict = {}
+        self._subs: list = []
+        self._service = None
+        self._diag_timer = None
+        self._latest: Optional[tuple[FrameSet, float]] = None
+        self._odom_lock = threading.Lock()
+        self._ego = EgoState(0.0)
+        self._last_odom: Optional[tuple[float, float, float]] = None  # (t, vx, vy)
+        self._odom_seen = False
+        self._command = "follow lane"
+        self._sensor_group = MutuallyExclusiveCallbackGroup()
+        self._service_group = MutuallyExclusiveCallbackGroup()
+        self._cfg: dict = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            self._cfg = self._read_parameters()
+        except ValueError as exc:
+            self.get_logger().error(f"configure failed: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        self._command = self._cfg["default_command"]
+        self._pubs = {
+            "trajectory": self.create_publisher(Trajectory, "trajectory", 10),
+            "path": self.create_publisher(Path, "path", 10),
+            "detections": self.create_publisher(Detection2DArray, "detections", 10),
+            "markers": self.create_publisher(MarkerArray, "markers", 10),
+            "answer": self.create_publisher(DrivingAnswer, "answer", 10),
+            "diagnostics": self.create_publisher(DiagnosticArray, "/diagnostics", 10),
+        }
+        self._service = self.create_service(AskQuestion, "ask", self._on_ask, callback_group=self._service_group)
+        self.get_logger().info(
+            f"configured: model={self._cfg['model']} device={self._cfg['device']} cameras={self._cfg['camera_topics']}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        cfg = self._cfg
+        t0 = time.perf_counter()
+        try:
+            self.policy = self._policy_factory(cfg["policy"])
+        except Exception as exc:  # noqa: BLE001 - a failed load is a failed transition, not a crash
+            self._report_error(f"loading model {cfg['model']!r} failed: {type(exc).__name__}: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        load_s = time.perf_counter() - t0
+        if cfg["warmup"]:
+            self._warmup()
+        self.stats.reset()
+        self._latest = None
+        self._sync = ApproximateTimeSync(len(cfg["camera_topics"]), cfg["sync_slop_s"])
+        min_period = 1.0 / cfg["rate_hz"] if cfg["rate_hz"] > 0 else 0.0
+        self._worker = PlanningWorker(self._plan, self._ask, self._report_error, min_period, name="wam_diff_planning")
+        self._worker.start()
+        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, durability=DurabilityPolicy.VOLATILE,
+                         reliability=cfg["image_reliability"])
+        for index, topic in enumerate(cfg["camera_topics"]):
+            compressed = topic.rstrip("/").endswith("/compressed")
+            msg_type = CompressedImage if compressed else Image
+            self._subs.append(self.create_subscription(
+                msg_type, topic, lambda msg, i=index, c=compressed: self._on_image(msg, i, c), qos,
+                callback_group=self._sensor_group))
+        odom_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
+        self._subs.append(self.create_subscription(Odometry, cfg["odometry_topic"], self._on_odometry, odom_qos,
+                                                   callback_group=self._sensor_group))
+        self._subs.append(self.create_subscription(String, cfg["command_topic"], self._on_command, 10,
+                                                   callback_group=self._sensor_group))
+        self._diag_timer = self.create_timer(cfg["diagnostics_period_s"], self.publish_diagnostics)
+        self.get_logger().info(f"active: policy loaded in {load_s:.2f} s")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_running()
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._destroy_interfaces()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_running()
+        self._destroy_interfaces()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_running()
+        return TransitionCallbackReturn.SUCCESS
+
+    def release(self, timeout_s: float = 1.0) -> None:
+        """Stop planning and free the model without any ROS call (safe after the context shut down)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(timeout_s)
+        policy, self.policy = self.policy, None
+        if policy is not None:
+            try:
+                policy.close()
+            except Exception as exc:  # noqa: BLE001
+                print(f"{NODE_NAME}: policy.close() failed: {exc}", file=sys.stderr)
+
+    def _stop_running(self) -> None:
+        for sub in self._subs:
+            self.destroy_subscription(sub)
+        self._subs = []
+        if self._diag_timer is not None:
+            self.destroy_timer(self._diag_timer)
+            self._diag_timer = None
+        self.release()
+        self._latest = None
+
+    def _destroy_interfaces(self) -> None:
+        for pub in self._pubs.values():
+            self.destroy_publisher(pub)
+        self._pubs = {}
+        if self._service is not None:
+            self.destroy_service(self._service)
+            self._service = None
+
+    # ------------------------------------------------------------------ parameters
+
+    def _read_parameters(self) -> dict:
+        p = {name: self.get_parameter(name).value for name in PARAMETERS}
+        p["camera_topics"] = [str(t) for t in (p["camera_topics"] or [])]
+        if not p["camera_topics"] or any(not t for t in p["camera_topics"]):
+            raise ValueError(f"camera_topics must be a non-empty list of topic names, got {p['camera_topics']}")
+        p["tasks"] = tuple(str(t) for t in (p["tasks"] or []))
+        if not p["tasks"] or any(t not in TASKS for t in p["tasks"]):
+            raise ValueError(f"tasks must be a non-empty subset of {list(TASKS)}, got {list(p['tasks'])}")
+        reliability = {"best_effort": ReliabilityPolicy.BEST_EFFORT, "reliable": ReliabilityPolicy.RELIABLE}
+        if p["image_reliability"] not in reliability:
+            raise ValueError(f"image_reliability must be one of {list(reliability)}, got {p['image_reliability']!r}")
+        p["image_reliability"] = reliability[p["image_reliability"]]
+        p["default_command"] = check_command(p["default_command"])
+        for name in ("block_size", "denoising_steps"):
+            if int(p[name]) < 1:
+                raise ValueError(f"{name} must be >= 1, got {p[name]}")
+        for name in ("diagnostics_period_s", "ask_timeout_s"):
+            if not float(p[name]) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {p[name]}")
+        if float(p["sync_slop_s"]) < 0 or float(p["rate_hz"]) < 0:
+            raise ValueError(f"sync_slop_s and rate_hz must be >= 0, got {p['sync_slop_s']}, {p['rate_hz']}")
+        p["policy"] = PolicySettings(
+            model=str(p["model"]), device=str(p["device"]), attention_backend=str(p["attention_backend"]),
+            cuda_graphs=bool(p["cuda_graphs"]), block_size=int(p["block_size"]),
+            denoising_steps=int(p["denoising_steps"]), remasking_strategy=str(p["remasking_strategy"]),
+            remasking_threshold=float(p["remasking_threshold"]), max_new_tokens=int(p["max_new_tokens"]),
+            tasks=p["tasks"])
+        return p
+
+    # ------------------------------------------------------------------ inputs (executor threads)
+
+    def _on_image(self, msg, camera: int, compressed: bool) -> None:
+        received = time.monotonic()
+        self.stats.count("frames_received")
+        worker, sync = self._worker, self._sync
+        if worker is None or sync is None:
+            return
+        try:
+            rgb = compressed_msg_to_rgb(msg) if compressed else image_msg_to_rgb(msg)
+        except ImageConversionError as exc:
+            self.stats.count("frames_rejected")
+            self._report_error(f"rejected frame on {self._cfg['camera_topics'][camera]}: {exc}")
+            return
+        frame_set = sync.add(camera, StampedFrame(stamp_to_ns(msg.header.stamp), rgb, msg.header.frame_id))
+        self.stats.set_count("frames_unmatched", sync.unmatched)
+        if frame_set is None:
+            return
+        self._latest = (frame_set, received)
+        worker.submit((frame_set, received))
+        self.stats.set_count("frames_dropped", worker.dropped)
+
+    def _on_odometry(self, msg: Odometry) -> None:
+        t = stamp_to_ns(msg.header.stamp) * 1e-9
+        twist = msg.twist.twist
+        vx, vy, wz = float(twist.linear.x), float(twist.linear.y), float(twist.angular.z)
+        with self._odom_lock:
+            ax = ay = 0.0
+            if self._last_odom is not None:
+                dt = t - self._last_odom[0]
+                if 1e-3 < dt < 1.0:  # finite differences only between close, ordered samples
+                    ax, ay = (vx - self._last_odom[1]) / dt, (vy - self._last_odom[2]) / dt
+            try:
+                self._ego = EgoState(vx, vy, ax, ay, wz)
+            except ValueError as exc:
+                self._report_error(f"rejected odometry: {exc}")
+                return
+            self._last_odom = (t, vx, vy)
+            self._odom_seen = True
+
+    def _on_command(self, msg: String) -> None:
+        try:
+            self._command = check_command(msg.data)
+        except ValueError as exc:
+            self._report_error(f"rejected command: {exc}")
+
+    def _on_ask(self, request: AskQuestion.Request, response: AskQuestion.Response) -> AskQuestion.Response:
+        worker, latest = self._worker, self._latest
+        if worker is None:
+            response.success, response.message = False, "planner is not active (activate it first)"
+            return response
+        if latest is None:
+            response.success, response.message = False, "no camera frame set received yet"
+            return response
+        frame_set = latest[0]
+        try:
+            answer, latency_s = worker.ask((request.question, frame_set)).result(timeout=self._cfg["ask_timeout_s"])
+        except Exception as exc:  # noqa: BLE001 - bad question, model failure or timeout -> a failed response
+            response.success, response.message = False, f"{type(exc).__name__}: {exc}"
+            return response
+        response.success, response.answer = True, answer.text
+        response.stamp, response.latency_s = ns_to_stamp(frame_set.stamp_ns), float(latency_s)
+        return response
+
+    # ------------------------------------------------------------------ policy calls (planning thread)
+
+    def _warmup(self) -> None:
+        import numpy as np
+
+        blank = [np.full((224, 224, 3), 128, np.uint8)] * len(self._cfg["camera_topics"])
+        try:
+            self.policy.plan(blank, EgoState(0.0), self._command, tasks=self._cfg["tasks"])
+        except Exception as exc:  # noqa: BLE001
+            self.get_logger().warning(f"warm-up plan failed: {type(exc).__name__}: {exc}")
+
+    def _plan(self, job: tuple[FrameSet, float]) -> None:
+        frame_set, received = job
+        with self._odom_lock:
+            ego = self._ego
+        command, cfg = self._command, self._cfg
+        t0 = time.perf_counter()
+        try:
+            plan = self.policy.plan([f.frame for f in frame_set.frames], ego, command, tasks=cfg["tasks"])
+        except Exception as exc:  # noqa: BLE001 - bad inputs for the model must not end planning
+            self.stats.count("plan_errors")
+            self._report_error(f"policy.plan failed: {type(exc).__name__}: {exc}")
+            return
+        policy_s = time.perf_counter() - t0
+        stamp = ns_to_stamp(frame_set.stamp_ns)
+        ego_header = Header(stamp=stamp, frame_id=cfg["base_frame_id"])
+        pubs = self._pubs
+        pubs["trajectory"].publish(trajectory_msg(plan, ego_header, command, cfg["block_size"],
+                                                  cfg["denoising_steps"], policy_s))
+        pubs["path"].publish(path_msg(plan, ego_header))
+        pubs["markers"].publish(marker_array_msg(plan, ego_header))
+        if "detection" in cfg["tasks"]:
+            camera_header = Header(stamp=stamp, frame_id=frame_set.frames[0].frame_id)
+            pubs["detections"].publish(detections_msg(plan.detections, camera_header))
+        stamp_age_s = (self.get_clock().now().nanoseconds - frame_set.stamp_ns) * 1e-9
+        self.stats.plan_done(time.monotonic() - received, policy_s, stamp_age_s, plan.valid)
+        if self._worker is not None:
+            self.stats.set_count("frames_dropped", self._worker.dropped)
+
+    def _ask(self, job: tuple[str, FrameSet]):
+        question, frame_set = job
+        t0 = time.perf_counter()
+        answer = self.policy.ask([f.frame for f in frame_set.frames], question)
+        latency_s = time.perf_counter() - t0
+        self.stats.count("questions_answered")
+        msg = DrivingAnswer(header=Header(stamp=ns_to_stamp(frame_set.stamp_ns), frame_id=frame_set.frames[0].frame_id),
+                            question=question, answer=answer.text, latency_s=float(latency_s))
+        pub = self._pubs.get("answer")
+        if pub is not None:
+            pub.publish(msg)
+        return answer, latency_s
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def _report_error(self, text: str) -> None:
+        """Record an error, log it (throttled) and publish an ERROR diagnostic right away."""
+        self.stats.error(text)
+        self.get_logger().error(text, throttle_duration_sec=1.0)
+        self.publish_diagnostics()
+
+    def publish_diagnostics(self) -> None:
+        pub = self._pubs.get("diagnostics")
+        if pub is None:
+            return
+        values = self.stats.snapshot()
+        values.update(model=self._cfg.get("model", ""), command=self._command,
+                      odometry="received" if self._odom_seen else "none yet (ego speed 0)")
+        if self.stats.in_error:
+            level, message = DiagnosticStatus.ERROR, values["last_error"]
+        elif self.policy is None:
+            level, message = DiagnosticStatus.WARN, "inactive: no model loaded"
+        elif values["plans_published"] == "0":
+            level, message = DiagnosticStatus.WARN, "waiting for camera frames"
+        else:
+            level, message = DiagnosticStatus.OK, "planning"
+        try:
+            pub.publish(diagnostics_msg(self.get_clock().now().to_msg(), f"{self.get_name()}: planner",
+                                        self._cfg.get("device", ""), level, message, values))
+        except Exception:  # noqa: BLE001 - publisher destroyed during shutdown
+            pass
+
+
+def main(argv: Optional[list[str]] = None, policy_factory: Optional[Callable] = None) -> int:
+    """Console script `wam-diff-planner`: run the node; `-p autostart:=true` configures and activates it."""
+    rclpy.init(args=argv if argv is not None else sys.argv)
+    node = PlannerNode(policy_factory=policy_factory)
+    executor = MultiThreadedExecutor(num_threads=3)
+    executor.add_node(node)
+    if node.get_parameter("autostart").value:
+        if node.trigger_configure() != TransitionCallbackReturn.SUCCESS or \
+                node.trigger_activate() != TransitionCallbackReturn.SUCCESS:
+            node.get_logger().error("autostart failed; staying in the reached lifecycle state")
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.release()
+        executor.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
