@@ -1,0 +1,33 @@
+"""Shared fixtures: one nano model for the whole session (its tokenizer takes seconds to train)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from wam_diff_core.model.checkpoint import build_preset
+
+torch.set_num_threads(2)
+
+
+def diversify(model, std: float = 0.2, seed: int = 0) -> None:
+    """Random init with a larger spread, so a random model's greedy outputs vary token to token
+    (the default 0.02 init collapses to one repeated token, which would make decoding tests weak)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+@pytest.fixture(scope="session")
+def nano():
+    loaded = build_preset("nano", seed=0)
+    diversify(loaded.model)
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def camera_image():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, (128, 256, 3), dtype=np.uint8)

@@ -1,0 +1,409 @@
+"""The planner lifecycle node over real rclpy + Fast DDS (localhost discovery, a domain id per test).
+
+The node runs in this process on its own context and MultiThreadedExecutor thread, with a fake
+policy injected; a probe node on the same context publishes inputs and records outputs. Every
+wait is on a condition with a timeout. The SIGINT test starts the node as a subprocess.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="ROS 2 wheels (requirements-ros.txt) not installed")
+pytest.importorskip("wam_diff_msgs", reason="wam_diff_msgs not built (scripts/install_ros.sh)")
+
+from builtin_interfaces.msg import Time  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
+from lifecycle_msgs.msg import State, Transition  # noqa: E402
+from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
+from nav_msgs.msg import Odometry, Path  # noqa: E402
+from rclpy.context import Context  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
+from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
+from std_msgs.msg import Header, String  # noqa: E402
+
+from wam_diff_msgs.msg import DrivingAnswer, Trajectory  # noqa: E402
+from wam_diff_msgs.srv import AskQuestion  # noqa: E402
+from wam_diff_ros.fake_policy import FakePolicy  # noqa: E402
+from wam_diff_ros.image_conversion import rgb_to_raw  # noqa: E402
+from wam_diff_ros.planner_node import PlannerNode  # noqa: E402
+
+# Distinct domain ids per test, offset per process so concurrent runs on one machine rarely meet;
+# every test also lives in its own namespace.
+_DOMAINS = itertools.count(random.Random(os.getpid()).randrange(0, 150))
+_NAMESPACES = itertools.count()
+TIMEOUT_S = 10.0
+
+
+def _stamp(sec: float) -> Time:
+    ns = int(round(sec * 1e9))
+    return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def _ns(stamp) -> int:
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+
+def image_msg(sec: float, value: int = 100, encoding="rgb8", h=48, w=64, frame_id="camera_front") -> Image:
+    rgb = np.full((h, w, 3), value, np.uint8)
+    data, step = rgb_to_raw(rgb, encoding)
+    return Image(header=Header(stamp=_stamp(sec), frame_id=frame_id), height=h, width=w, encoding=encoding,
+                 is_bigendian=0, step=step, data=data)
+
+
+class Probe:
+    """A node on the test's context that publishes inputs and records every output of the planner."""
+
+    def __init__(self, context: Context, namespace: str):
+        self.node = rclpy.create_node("probe", namespace=namespace, context=context)
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.node)
+        self.received = defaultdict(list)
+        for topic, msg_type in (("trajectory", Trajectory), ("path", Path), ("answer", DrivingAnswer),
+                                ("/diagnostics", DiagnosticArray)):
+            self.node.create_subscription(msg_type, topic, lambda m, t=topic: self.received[t].append(m), 50)
+
+    def publisher(self, msg_type, topic, reliable=True):
+        qos = QoSProfile(depth=1 if not reliable else 10,
+                         reliability=ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT)
+        return self.node.create_publisher(msg_type, topic, qos)
+
+    def wait_for(self, cond, timeout=TIMEOUT_S, what="condition"):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            self.executor.spin_once(timeout_sec=0.02)
+
+    def wait_connected(self, pub, node: PlannerNode):
+        """Wait until `pub` reaches the planner and the planner's outputs reach this probe."""
+        self.wait_for(lambda: pub.get_subscription_count() >= 1, what=f"subscriber on {pub.topic_name}")
+        self.wait_for(lambda: all(self.node.count_publishers(f"{self.node.get_namespace()}/{t}") >= 1
+                                  for t in ("trajectory", "path")), what="planner outputs")
+        self.wait_for(lambda: all(s.get_publisher_count() >= 1 for s in self.node.subscriptions
+                                  if s.topic_name.endswith(("trajectory", "path"))), what="output matching")
+
+    def trajectories(self, stamp_ns=None):
+        return [m for m in self.received["trajectory"] if stamp_ns is None or _ns(m.header.stamp) == stamp_ns]
+
+    def diagnostics(self, node_name: str):
+        return [s for m in self.received["/diagnostics"] for s in m.status if node_name in s.name]
+
+
+class Ros:
+    """One ROS context on a fresh domain id; starts planner nodes and a probe inside a namespace."""
+
+    def __init__(self):
+        self.domain_id = next(_DOMAINS) % 150 + 1
+        self.namespace = f"/t{os.getpid()}_{next(_NAMESPACES)}"
+        self.context = Context()
+        rclpy.init(context=self.context, domain_id=self.domain_id)
+        self.executor = MultiThreadedExecutor(num_threads=3, context=self.context)
+        self._thread = None
+        self.nodes = []
+        self.probe = Probe(self.context, self.namespace)
+
+    def planner(self, policy, autostart=True, **params) -> PlannerNode:
+        params.setdefault("camera_topics", ["camera/image_raw"])
+        params.setdefault("warmup", False)
+        params.setdefault("diagnostics_period_s", 0.2)
+        params.setdefault("image_reliability", "reliable")
+        params.setdefault("odometry_topic", "odom")
+        overrides = [Parameter(k, value=v) for k, v in params.items()]
+        factory_calls = []
+
+        def factory(settings):
+            factory_calls.append(settings)
+            return policy
+
+        node = PlannerNode(namespace=self.namespace, context=self.context, parameter_overrides=overrides,
+                           policy_factory=factory)
+        node.factory_calls = factory_calls
+        self.nodes.append(node)
+        if autostart:
+            assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+            assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+            assert node.policy is policy
+        self.executor.add_node(node)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.executor.spin, daemon=True)
+            self._thread.start()
+        return node
+
+    def close(self):
+        for node in self.nodes:
+            node.release()
+        self.executor.shutdown(timeout_sec=2.0)
+        for node in self.nodes:
+            node.destroy_node()
+        self.probe.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+
+@pytest.fixture
+def ros(monkeypatch):
+    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    monkeypatch.delenv("ROS_STATIC_PEERS", raising=False)
+    harness = Ros()
+    yield harness
+    harness.close()
+
+
+# ---------------------------------------------------------------------------------------------
+
+def test_image_in_gives_trajectory_path_and_diagnostics_out_with_the_input_stamp(ros):
+    policy = FakePolicy()
+    node = ros.planner(policy)
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw")
+    odom = probe.publisher(Odometry, "odom")
+    probe.wait_connected(cam, node)
+    probe.wait_for(lambda: odom.get_subscription_count() >= 1, what="odometry subscriber")
+    o = Odometry()
+    o.twist.twist.linear.x = 4.0
+    odom.publish(o)
+    probe.wait_for(lambda: node._odom_seen, what="odometry received")
+
+    cam.publish(image_msg(1234.5678, value=77))
+    stamp_ns = _ns(_stamp(1234.5678))
+    probe.wait_for(lambda: probe.trajectories(stamp_ns) and probe.received["path"], what="trajectory + path")
+    traj = probe.trajectories(stamp_ns)[0]
+    assert traj.valid and traj.header.frame_id == "base_link" and len(traj.points) == 8
+    assert traj.points[-1].pose.position.x == pytest.approx(4.0 * 4.0)  # fake: speed x 4 s
+    assert traj.points[0].time_from_start.nanosec == 500_000_000 and traj.points[-1].time_from_start.sec == 4
+    assert (traj.block_size, traj.denoising_steps) == (32, 4)
+    path = probe.received["path"][0]
+    assert _ns(path.header.stamp) == stamp_ns and len(path.poses) == 8
+    assert policy.plan_calls[0]["shapes"] == [(48, 64, 3)] and policy.plan_calls[0]["mean"] == 77.0
+    assert policy.plan_calls[0]["ego"].vx == 4.0 and policy.plan_calls[0]["command"] == "follow lane"
+
+    name = node.get_fully_qualified_name()
+    probe.wait_for(lambda: any(s.level == DiagnosticStatus.OK for s in probe.diagnostics(name)), what="OK diagnostic")
+    status = [s for s in probe.diagnostics(name) if s.level == DiagnosticStatus.OK][-1]
+    values = {kv.key: kv.value for kv in status.values}
+    assert values["plans_published"] == "1" and values["frames_received"] == "1"
+    assert float(values["latency_p50_ms"]) > 0 and float(values["latency_p95_ms"]) >= float(values["latency_p50_ms"])
+    assert values["frames_dropped"] == "0" and values["last_error"] == ""
+
+
+def test_two_cameras_20ms_apart_are_matched_and_200ms_apart_are_not(ros):
+    policy = FakePolicy()
+    node = ros.planner(policy, camera_topics=["front/image_raw", "left/image_raw"], sync_slop_s=0.05)
+    probe = ros.probe
+    front = probe.publisher(Image, "front/image_raw")
+    left = probe.publisher(Image, "left/image_raw")
+    probe.wait_connected(front, node)
+    probe.wait_for(lambda: left.get_subscription_count() >= 1, what="second camera subscriber")
+
+    front.publish(image_msg(10.000, value=10))
+    left.publish(image_msg(10.020, value=20, frame_id="camera_left"))
+    probe.wait_for(lambda: probe.trajectories(_ns(_stamp(10.0))), what="matched pair")
+    assert [c["mean"] for c in policy.plan_calls] == [10.0]
+    assert policy.plan_calls[0]["shapes"] == [(48, 64, 3), (48, 64, 3)]
+
+    front.publish(image_msg(20.000, value=30))
+    left.publish(image_msg(20.200, value=40))   # 200 ms apart: must not be planned
+    probe.wait_for(lambda: node.stats.counts["frames_received"] == 4, what="unmatched pair received")
+    front.publish(image_msg(30.000, value=50))
+    left.publish(image_msg(30.020, value=60))
+    probe.wait_for(lambda: probe.trajectories(_ns(_stamp(30.0))), what="second matched pair")
+    assert not probe.trajectories(_ns(_stamp(20.0)))
+    assert len(probe.trajectories()) == 2 and len(policy.plan_calls) == 2
+    assert node.stats.counts["frames_unmatched"] == 2
+
+
+def test_burst_of_50_images_at_100hz_plans_on_the_newest_and_reports_the_rest_dropped(ros):
+    delay_s = 0.15
+    policy = FakePolicy(delay_s=delay_s)
+    node = ros.planner(policy, image_reliability="best_effort", rate_hz=0.0)
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw", reliable=False)
+    probe.wait_connected(cam, node)
+
+    msgs = [image_msg(100.0 + 0.01 * i, value=i) for i in range(50)]
+    start = time.monotonic()
+    for i, msg in enumerate(msgs):
+        cam.publish(msg)
+        time.sleep(max(0.0, start + 0.01 * (i + 1) - time.monotonic()))  # pace the camera at 100 Hz
+    burst_end = time.monotonic()
+    last_ns = _ns(msgs[-1].header.stamp)
+    probe.wait_for(lambda: probe.trajectories(last_ns), what="plan on the newest image")
+    caught_up_s = time.monotonic() - burst_end
+    probe.wait_for(lambda: node._worker.idle, what="worker idle")
+
+    planned = len(probe.trajectories())
+    counts = node.stats.counts
+    delivered = counts["frames_received"] - counts["frames_rejected"] - counts["frames_unmatched"]
+    # with a backlog the last plan would come ~50 x 0.15 s = 7.5 s after the burst
+    assert caught_up_s < 4 * delay_s, f"last image planned {caught_up_s:.2f} s after the burst: a queue"
+    assert planned <= 0.5 / delay_s + 3, f"{planned} plans for a 0.5 s burst at {delay_s} s per plan"
+    assert planned == len(policy.plan_calls) == counts["plans_published"]
+    assert counts["frames_dropped"] == delivered - planned >= 50 - planned - 10
+    assert [c["mean"] for c in policy.plan_calls][-1] == 49.0
+    name = node.get_fully_qualified_name()
+    probe.wait_for(lambda: any(dict((kv.key, kv.value) for kv in s.values).get("frames_dropped")
+                               == str(counts["frames_dropped"]) for s in probe.diagnostics(name)),
+                   what="dropped frames in diagnostics")
+
+
+def _diag_error_containing(probe, name, text):
+    return any(s.level == DiagnosticStatus.ERROR and text in s.message for s in probe.diagnostics(name))
+
+
+def test_malformed_images_give_a_diagnostic_error_and_the_next_good_frame_is_served(ros):
+    policy = FakePolicy()
+    node = ros.planner(policy)
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw")
+    probe.wait_connected(cam, node)
+    name = node.get_fully_qualified_name()
+
+    unknown = image_msg(1.0)
+    unknown.encoding = "yuv422"
+    short_step = image_msg(2.0)
+    short_step.step = 10
+    bad_length = image_msg(3.0)
+    bad_length.data = bytes(len(bad_length.data) - 5)
+    empty = Image(header=Header(stamp=_stamp(4.0)), height=0, width=0, encoding="rgb8", step=0)
+    cases = [(unknown, "'yuv422'"), (short_step, "step 10 too small"), (bad_length, "data length"),
+             (empty, "empty image 0x0")]
+    for i, (msg, fragment) in enumerate(cases):
+        cam.publish(msg)
+        probe.wait_for(lambda: _diag_error_containing(probe, name, fragment), what=f"ERROR naming {fragment}")
+        good = image_msg(10.0 + i, value=i)
+        cam.publish(good)
+        probe.wait_for(lambda: probe.trajectories(_ns(good.header.stamp)), what=f"good frame after {fragment}")
+    assert node.stats.counts["frames_rejected"] == 4
+    assert len(policy.plan_calls) == 4 and not probe.trajectories(_ns(_stamp(1.0)))
+    # after a good plan the node reports OK again
+    probe.wait_for(lambda: probe.diagnostics(name)[-1].level == DiagnosticStatus.OK, what="OK after recovery")
+
+
+def test_truncated_jpeg_gives_a_diagnostic_error_and_the_next_good_jpeg_is_served(ros):
+    from PIL import Image as PILImage
+
+    policy = FakePolicy()
+    node = ros.planner(policy, camera_topics=["camera/image_raw/compressed"])
+    probe = ros.probe
+    cam = probe.publisher(CompressedImage, "camera/image_raw/compressed")
+    probe.wait_connected(cam, node)
+    name = node.get_fully_qualified_name()
+    buf = io.BytesIO()
+    PILImage.fromarray(np.full((40, 60, 3), 90, np.uint8)).save(buf, format="JPEG")
+    jpeg = buf.getvalue()
+
+    cam.publish(CompressedImage(header=Header(stamp=_stamp(1.0)), format="jpeg", data=jpeg[: len(jpeg) // 2]))
+    probe.wait_for(lambda: _diag_error_containing(probe, name, "cannot decode CompressedImage"), what="JPEG ERROR")
+    cam.publish(CompressedImage(header=Header(stamp=_stamp(2.0)), format="jpeg", data=jpeg))
+    probe.wait_for(lambda: probe.trajectories(_ns(_stamp(2.0))), what="good JPEG planned")
+    assert policy.plan_calls[0]["shapes"] == [(40, 60, 3)] and abs(policy.plan_calls[0]["mean"] - 90) < 3
+    assert node.stats.counts["frames_rejected"] == 1
+
+
+def test_ask_question_returns_an_answer_and_publishes_driving_answer(ros):
+    policy = FakePolicy()
+    node = ros.planner(policy)
+    probe = ros.probe
+    client = probe.node.create_client(AskQuestion, "ask")
+    probe.wait_for(client.service_is_ready, what="AskQuestion service")
+
+    future = client.call_async(AskQuestion.Request(question="Is the road clear?"))
+    probe.wait_for(future.done, what="answer before any frame")
+    assert not future.result().success and "no camera frame" in future.result().message
+
+    cam = probe.publisher(Image, "camera/image_raw")
+    probe.wait_connected(cam, node)
+    cam.publish(image_msg(55.5))
+    probe.wait_for(lambda: probe.trajectories(), what="first plan")
+    future = client.call_async(AskQuestion.Request(question="Is the road clear?"))
+    probe.wait_for(future.done, what="answer")
+    response = future.result()
+    assert response.success, response.message
+    assert response.answer == "fake answer to: Is the road clear? (1 image(s))"
+    assert _ns(response.stamp) == _ns(_stamp(55.5)) and response.latency_s >= 0
+    probe.wait_for(lambda: probe.received["answer"], what="DrivingAnswer")
+    answer = probe.received["answer"][0]
+    assert answer.answer == response.answer and _ns(answer.header.stamp) == _ns(_stamp(55.5))
+
+
+def test_lifecycle_transitions_load_and_free_the_model(ros):
+    loaded = []
+
+    class CountingPolicy(FakePolicy):
+        pass
+
+    node = ros.planner(None, autostart=False)
+    node._policy_factory = lambda settings: loaded.append(CountingPolicy()) or loaded[-1]
+    probe = ros.probe
+    fqn = node.get_fully_qualified_name()
+    change = probe.node.create_client(ChangeState, f"{fqn}/change_state")
+    get = probe.node.create_client(GetState, f"{fqn}/get_state")
+    probe.wait_for(lambda: change.service_is_ready() and get.service_is_ready(), what="lifecycle services")
+
+    def transition(tid):
+        fut = change.call_async(ChangeState.Request(transition=Transition(id=tid)))
+        probe.wait_for(fut.done, what=f"transition {tid}")
+        assert fut.result().success, f"transition {tid} failed"
+        fut = get.call_async(GetState.Request())
+        probe.wait_for(fut.done, what="get_state")
+        return fut.result().current_state.id
+
+    assert transition(Transition.TRANSITION_CONFIGURE) == State.PRIMARY_STATE_INACTIVE
+    assert loaded == [] and node.policy is None
+    assert transition(Transition.TRANSITION_ACTIVATE) == State.PRIMARY_STATE_ACTIVE
+    assert len(loaded) == 1 and node.policy is loaded[0] and not loaded[0].closed
+    assert transition(Transition.TRANSITION_DEACTIVATE) == State.PRIMARY_STATE_INACTIVE
+    assert node.policy is None and loaded[0].closed
+    assert transition(Transition.TRANSITION_CLEANUP) == State.PRIMARY_STATE_UNCONFIGURED
+    assert transition(Transition.TRANSITION_CONFIGURE) == State.PRIMARY_STATE_INACTIVE
+    assert transition(Transition.TRANSITION_ACTIVATE) == State.PRIMARY_STATE_ACTIVE
+    assert len(loaded) == 2 and node.policy is loaded[1]
+    assert transition(Transition.TRANSITION_ACTIVE_SHUTDOWN) == State.PRIMARY_STATE_FINALIZED
+    assert node.policy is None and loaded[1].closed
+
+
+def test_sigint_shuts_the_node_down_within_2_s():
+    env = dict(os.environ, ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
+               ROS_DOMAIN_ID=str(next(_DOMAINS) % 150 + 1), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "wam_diff_ros.planner_node", "--ros-args", "-p", "model:=fake",
+           "-p", "autostart:=true", "-r", f"__ns:=/sigint{os.getpid()}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, active = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "active: policy loaded" in line:
+                active.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert active.wait(30), "node did not become active:\n" + "".join(lines)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=10)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, "".join(lines)
+    assert elapsed < 2.0, f"shutdown took {elapsed:.2f} s"
+    assert "Traceback" not in "".join(lines), "".join(lines)

@@ -1,0 +1,100 @@
+"""Block-diffusion decoding (ARCHITECTURE.md decoding contract), the reference eager path.
+
+Per block: B mask tokens at the next positions; up to K steps, each one forward of the block against
+the cache (a step does not extend the cache) followed by an on-device commit decision; the first
+token of a block is predicted by the previous block's last logit (shifted alignment), so B = 1 is
+autoregressive decoding with one forward per token.
+
+Commit saving (fuse_commit): a finished block is not written by a forward of its own. It is prepended
+to the next block's first step: its queries see the cache and itself only (block-causal), so its K/V
+and its last logit are exactly those a separate commit forward would give, and the step's block
+queries see it like any cached block. The cache then keeps the first B of the 2B written tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention.block_mask import CLEAN, NOISY
+from ..model.processor import PromptBatch
+from ..model.runner import ModelRunner
+from .config import DecoderConfig
+from .remasking import commit_mask, predict, step_count
+from .result import DecodeResult, PhaseClock, trim_at_eos
+
+
+def _full(batch: int, n: int, value: int, device) -> torch.Tensor:
+    return torch.full((batch, n), value, dtype=torch.long, device=device)
+
+
+@torch.inference_mode()
+def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int) -> DecodeResult:
+    """Decode answers for a batch of prompts (on the runner's device)."""
+    device = runner.device
+    b, prompt_len = batch.input_ids.shape
+    B, n_blocks = cfg.block_size, cfg.num_blocks
+    padded = not bool(batch.attention_mask.all())
+    generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.temperature > 0 else None
+    K = step_count(B, cfg.steps)
+    dynamic = cfg.strategy == "low_confidence_dynamic"
+    runner.forwards = 0
+    clock = PhaseClock(device)
+
+    cache = runner.new_cache(b, prompt_len + (n_blocks + 1) * B)
+    vision = runner.encode_images(batch)
+    clock.lap("vision")
+    prev_logits, next_pos = runner.prefill(batch, cache, B, vision)
+    clock.lap("prefill")
+
+    first_block = -(-prompt_len // B)  # response block ids follow every prompt block
+    offsets = torch.arange(B, device=device)
+    out = _full(b, n_blocks * B, eos_id, device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    pending = None  # (tokens, positions) of a finished block not yet in the cache
+    for j in range(n_blocks):
+        block_id = first_block + j
+        pos = next_pos[:, None] + j * B + offsets
+        x = _full(b, B, mask_id, device)
+        masked = torch.ones(b, B, dtype=torch.bool, device=device)
+        rope = runner.rope(pos) if B > 1 else None
+        for s in range(K):
+            h = None
+            if pending is not None:
+                p_tokens, p_pos = pending
+                tokens, q_pos = (torch.cat([p_tokens, x], 1), torch.cat([p_pos, pos], 1)) if B > 1 else (p_tokens, p_pos)
+                q_block = torch.cat([_full(b, B, block_id - 1, device), _full(b, B, block_id, device)], 1)[:, : tokens.shape[1]]
+                q_kind = torch.cat([_full(b, B, CLEAN, device), _full(b, B, NOISY, device)], 1)[:, : tokens.shape[1]]
+                hidden = runner.forward_tokens(tokens, q_block, q_kind, cache, runner.rope(q_pos))
+                cache.advance(B)
+                prev_logits = runner.logits(hidden[:, B - 1])
+                h = hidden[:, B:] if B > 1 else None
+                pending = None
+            elif B > 1:
+                h = runner.forward_tokens(x, _full(b, B, block_id, device), _full(b, B, NOISY, device), cache, rope,
+                                          full=not padded)
+            logits = prev_logits[:, None] if h is None else torch.cat([prev_logits[:, None], runner.logits(h[:, : B - 1])], 1)
+            pred, conf = predict(logits, cfg.temperature, generator)
+            commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s)
+            x = torch.where(commit, pred, x)
+            masked = masked & ~commit
+            if dynamic and s < K - 1 and not bool(masked.any()):
+                break
+        out[:, j * B:(j + 1) * B] = x
+        clock.lap("denoise")
+        if not cfg.ignore_eos:
+            done |= (x == eos_id).any(dim=1)
+            if bool(done.all()):
+                break
+        if j == n_blocks - 1:
+            break
+        if cfg.fuse_commit:
+            pending = (x, pos)
+        else:
+            hidden = runner.forward_tokens(x, _full(b, B, block_id, device), _full(b, B, CLEAN, device), cache,
+                                           runner.rope(pos), full=not padded)
+            cache.advance(B)
+            prev_logits = runner.logits(hidden[:, -1])
+            clock.lap("commit")
+
+    clock.timings.setdefault("commit", 0.0)
+    answers, finished, produced = trim_at_eos(out, eos_id, cfg.max_new_tokens, cfg.ignore_eos)
+    return DecodeResult(answers, finished, produced, runner.forwards, clock.total())

@@ -1,0 +1,47 @@
+"""Decoder settings (one frozen object, validated at construction)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..attention.backends import BACKENDS
+from ..model.settings import STRATEGIES
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """block_size B (1 = autoregressive); steps K per block (at most); remasking strategy and its
+    confidence threshold; token budget; temperature (0 = greedy); fuse_commit: write a finished block
+    into the cache inside the next block's first step instead of a forward of its own; ignore_eos:
+    always spend the whole budget (benchmarks on random weights)."""
+
+    block_size: int = 32
+    steps: int = 4
+    strategy: str = "low_confidence_dynamic"
+    threshold: float = 0.9
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    fuse_commit: bool = True
+    ignore_eos: bool = False
+    backend: str = "sdpa"
+    cuda_graphs: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.backend not in BACKENDS + ("flashinfer",):
+            raise ValueError(f"backend {self.backend!r} not in {BACKENDS + ('flashinfer',)}")
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.max_new_tokens // self.block_size)

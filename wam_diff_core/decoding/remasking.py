@@ -1,0 +1,72 @@
+"""Which masked positions of a block to commit after a denoising step, decided on the device.
+
+Strategies (ARCHITECTURE.md decoding contract):
+- `low_confidence_dynamic`: every masked position whose confidence >= threshold, and at least as many
+  of the most confident as are needed to finish the block in the remaining steps (at least one);
+- `low_confidence_static`: a fixed count per step (the block spread evenly over the K steps), most
+  confident first;
+- `sequential`: the same count per step, leftmost first.
+No host synchronisation: counts are tensors; the step schedule is known on the host.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..model.settings import STRATEGIES
+
+
+def step_count(block_size: int, steps: int) -> int:
+    """Denoising steps a block actually takes at most: K, but never more than its B positions."""
+    return max(1, min(steps, block_size))
+
+
+def static_quota(block_size: int, steps: int, step: int) -> int:
+    """Positions committed at `step` (0-based) so that after step s, round(B (s+1) / K) are done."""
+    k = step_count(block_size, steps)
+    return (block_size * (step + 1)) // k - (block_size * step) // k
+
+
+def predict(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token and its probability per position. logits (..., vocab) -> (pred, confidence), both (...).
+
+    Greedy at temperature 0; otherwise sampling without a host sync: argmax(p / Exponential(1)).
+    """
+    if temperature <= 0:
+        probs = torch.softmax(logits.float(), dim=-1)
+        conf, pred = probs.max(dim=-1)
+        return pred, conf
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    pred = (probs / noise).argmax(dim=-1)
+    return pred, probs.gather(-1, pred[..., None])[..., 0]
+
+
+def commit_mask(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, threshold: float,
+                steps: int, step: int) -> torch.Tensor:
+    """Boolean (batch, B): the masked positions to commit at `step` of `steps`.
+
+    confidence: (batch, B) float; masked: (batch, B) bool (True = still masked).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown remasking strategy {strategy!r}; expected one of {STRATEGIES}")
+    batch, block = masked.shape
+    k = step_count(block, steps)
+    if strategy == "low_confidence_dynamic":
+        steps_left = k - step
+        remaining = masked.sum(dim=1)
+        need = torch.div(remaining + steps_left - 1, steps_left, rounding_mode="floor")
+    else:
+        need = torch.full((batch,), static_quota(block, steps, step), device=masked.device, dtype=torch.long)
+        need = torch.minimum(need, masked.sum(dim=1))
+    if strategy == "sequential":
+        score = -torch.arange(block, device=masked.device, dtype=torch.float32).expand(batch, block)
+    else:
+        score = confidence.float()
+    score = score.masked_fill(~masked, float("-inf"))
+    ranked = score.sort(dim=1, descending=True).values
+    kth = ranked.gather(1, (need - 1).clamp(min=0)[:, None])
+    commit = masked & (score >= kth) & (need > 0)[:, None]
+    if strategy == "low_confidence_dynamic":
+        commit = commit | (masked & (confidence >= threshold))
+    return commit

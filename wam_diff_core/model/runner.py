@@ -1,0 +1,94 @@
+"""ModelRunner: the forwards the decoders need, over a Qwen3-VL model and a BlockKVCache.
+
+- `encode_images`: the vision tower (timed apart from prefill);
+- `prefill`: the prompt under the block-causal mask, writing the cache, returning the last logits;
+- `forward_tokens`: text tokens at given positions against the cache (a denoising step, a commit,
+  or both fused), returning final hidden states; `logits` applies the LM head only where asked.
+
+Text-only forwards run the model's own decoder layers (so attention goes through the registered
+block-causal backend) without the outer wrapper's per-call mask and rotary set-up; the rotary
+tables of a block can be computed once and reused over its K steps.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..attention.backends import BlockSpec, use_backend
+from ..attention.block_mask import PREFIX, prompt_layout
+from .kv_cache import BlockKVCache
+from .processor import PromptBatch
+
+
+class ModelRunner:
+    def __init__(self, model, backend: str = "sdpa"):
+        self.model = model.eval()
+        self.backend = backend
+        use_backend(model, backend)
+        self.text = model.model.language_model
+        self.lm_head = model.lm_head
+        self.forwards = 0  # model forwards since the last reset (a batched forward counts once)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def new_cache(self, batch: int, max_len: int) -> BlockKVCache:
+        return BlockKVCache.for_model(self.model, batch, max_len)
+
+    @torch.inference_mode()
+    def encode_images(self, batch: PromptBatch) -> Optional[dict]:
+        if batch.pixel_values is None:
+            return None
+        vision = self.model.model.get_image_features(batch.pixel_values, batch.image_grid_thw, return_dict=True)
+        return {"image": vision}
+
+    @torch.inference_mode()
+    def prefill(self, batch: PromptBatch, cache: BlockKVCache, block_size: int,
+                vision: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill left-padded prompts with blocks of `block_size`. Returns (last-position logits
+        (batch, vocab), next text position per sample (batch,))."""
+        positions, _ = self.model.model.get_rope_index(
+            batch.input_ids, batch.mm_token_type_ids, image_grid_thw=batch.image_grid_thw,
+            attention_mask=batch.attention_mask.long(),
+        )
+        q_block, q_kind = prompt_layout(batch.attention_mask, block_size)
+        k_block, k_kind = cache.stage(q_block, q_kind)
+        spec = BlockSpec(q_block, q_kind, k_block, k_kind)
+        out = self.model.model(
+            input_ids=batch.input_ids, position_ids=positions, cache=cache, mm_encoder_outputs=vision,
+            use_cache=True, block_spec=spec,
+        )
+        cache.advance(batch.input_ids.shape[1])
+        self.forwards += 1
+        next_pos = positions.amax(dim=(0, 2)) + 1
+        return self.lm_head(out.last_hidden_state[:, -1]), next_pos
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary (cos, sin) for text positions (batch, n): equal t/h/w positions."""
+        pos3 = positions[None].expand(3, -1, -1)
+        dummy = torch.empty(0, dtype=self.lm_head.weight.dtype, device=self.device)
+        return self.text.rotary_emb(dummy, pos3)
+
+    @torch.inference_mode()
+    def forward_tokens(self, tokens: torch.Tensor, q_block: torch.Tensor, q_kind: torch.Tensor,
+                       cache: BlockKVCache, rope: tuple[torch.Tensor, torch.Tensor], full: bool = False) -> torch.Tensor:
+        """Run text tokens (batch, n) against the cache; returns final hidden states (batch, n, hidden).
+
+        `full=True` declares that every cached key and every query-block key is visible (one block
+        against a cache with no padding), so the attention needs no mask.
+        """
+        k_block, k_kind = cache.stage(q_block, q_kind)
+        spec = BlockSpec(full=True) if full else BlockSpec(q_block, q_kind, k_block, k_kind)
+        h = self.text.embed_tokens(tokens)
+        for layer in self.text.layers:
+            h = layer(h, position_embeddings=rope, attention_mask=None, cache=cache, block_spec=spec)
+        self.forwards += 1
+        return self.text.norm(h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+__all__ = ["ModelRunner", "PREFIX"]

@@ -1,0 +1,88 @@
+"""The versioned route suite of the embedded world (the role bench2drive220.xml plays for Bench2Drive).
+
+A route is one scenario instance: scenario type, seed, traffic density, target distance, time
+limit and scenario options. The suite lives in wam_diff_core/data/routes_v1.json.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "data" / "routes_v1.json"
+
+# Scenario type -> Bench2Drive abilities it exercises. Intersections are unsignalised junctions
+# with a priority road (give way); roundabout entries are yield-sign controlled (traffic signs).
+SCENARIO_ABILITIES: dict[str, tuple[str, ...]] = {
+    "highway": ("overtaking",),
+    "highway_dense": ("overtaking",),
+    "merge": ("merging",),
+    "intersection": ("give_way",),
+    "roundabout": ("traffic_signs",),
+    "emergency_brake": ("emergency_brake",),
+    "cut_in": ("emergency_brake",),
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route of the suite. density: traffic multiplier; target_distance_m: distance along the
+    route that completes it; time_limit_s: simulated seconds before a timeout."""
+
+    route_id: str
+    scenario: str
+    seed: int
+    density: float
+    target_distance_m: float
+    time_limit_s: float
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.scenario not in SCENARIO_ABILITIES:
+            raise ValueError(f"route {self.route_id}: unknown scenario {self.scenario!r}; "
+                             f"expected one of {sorted(SCENARIO_ABILITIES)}")
+        if self.target_distance_m <= 0 or self.time_limit_s <= 0:
+            raise ValueError(f"route {self.route_id}: target distance and time limit must be > 0")
+
+    @property
+    def abilities(self) -> tuple[str, ...]:
+        return SCENARIO_ABILITIES[self.scenario]
+
+    def to_dict(self) -> dict:
+        return {"route_id": self.route_id, "scenario": self.scenario, "seed": self.seed, "density": self.density,
+                "target_distance_m": self.target_distance_m, "time_limit_s": self.time_limit_s,
+                "options": dict(self.options)}
+
+
+def load_routes(path: Optional[str | Path] = None, ids: Optional[Sequence[str]] = None,
+                scenarios: Optional[Sequence[str]] = None, limit: Optional[int] = None) -> list[Route]:
+    """Routes of a suite file, optionally filtered by id or scenario, first `limit` kept."""
+    p = Path(path) if path else DEFAULT_SUITE
+    if not p.is_file():
+        raise FileNotFoundError(f"route suite {p} not found")
+    data = json.loads(p.read_text())
+    if not isinstance(data, dict) or "routes" not in data:
+        raise ValueError(f"route suite {p}: expected an object with a 'routes' list")
+    routes = [Route(**r) for r in data["routes"]]
+    seen = set()
+    for r in routes:
+        if r.route_id in seen:
+            raise ValueError(f"route suite {p}: duplicate route id {r.route_id!r}")
+        seen.add(r.route_id)
+    if ids:
+        wanted = set(ids)
+        missing = wanted - seen
+        if missing:
+            raise ValueError(f"route ids not in suite {p}: {sorted(missing)}")
+        routes = [r for r in routes if r.route_id in wanted]
+    if scenarios:
+        routes = [r for r in routes if r.scenario in set(scenarios)]
+    if limit is not None:
+        routes = routes[:limit]
+    return routes
+
+
+def suite_version(path: Optional[str | Path] = None) -> str:
+    p = Path(path) if path else DEFAULT_SUITE
+    return str(json.loads(p.read_text()).get("version", p.stem))
