@@ -15,10 +15,11 @@ from highway_env.vehicle.behavior import IDMVehicle
 from highway_env.vehicle.controller import ControlledVehicle
 
 RING_NODES = ("se", "ex", "ee", "nx", "ne", "wx", "we", "sx")
-PREDICT_TIMES_S = np.arange(0.0, 5.01, 0.25)
-CONFLICT_DISTANCE_M = 4.5
-CONFLICT_TIME_WINDOW_S = 1.5
-GO_SPEED_MPS = 5.0
+PREDICT_TIMES_S = np.arange(0.0, 8.01, 0.25)
+CONFLICT_DISTANCE_M = 5.5
+CONFLICT_TIME_WINDOW_S = 2.0
+GO_ACCEL_MPS2 = 2.0
+MOVING_MPS = 0.5
 STOP_MARGIN_M = 2.0
 MAX_YIELD_DECEL = 7.0
 
@@ -33,8 +34,17 @@ class ExpertVehicle(IDMVehicle):
     """IDM/MOBIL with junction yielding; never reverses. Set `junction = True` on junction routes."""
 
     junction = False
+    # the expert's own comfort limits (the intersection env rewrites IDMVehicle's class constants)
+    COMFORT_ACC_MAX = 2.0
+    COMFORT_ACC_MIN = -4.0
+    DISTANCE_WANTED = 5.0 + 5.0
 
     def act(self, action=None):
+        # the road's right-of-way regulation may freeze any IDM vehicle (target speed 0), even inside
+        # the junction; the expert decides its own yielding instead.
+        if getattr(self, "is_yielding", False):
+            self.is_yielding = False
+            self.target_speed = getattr(self, "cruise_speed", self.target_speed) or 10.0
         super().act(action)
         if self.crashed:
             return
@@ -74,21 +84,28 @@ class ExpertVehicle(IDMVehicle):
 
     def _own_path(self) -> np.ndarray:
         s, _ = self.lane.local_coordinates(self.position)
-        v = max(self.speed, GO_SPEED_MPS)
+        v0 = self.speed
+        vmax = max(getattr(self, "cruise_speed", 0.0) or self.target_speed, v0, 1.0)
+        t_acc = (vmax - v0) / GO_ACCEL_MPS2
+        t = PREDICT_TIMES_S
+        dist = np.where(t < t_acc, v0 * t + 0.5 * GO_ACCEL_MPS2 * t ** 2,
+                        v0 * t_acc + 0.5 * GO_ACCEL_MPS2 * t_acc ** 2 + vmax * (t - t_acc))
         route = [li for li in self.route]
         while route and route[0][:2] != self.lane_index[:2]:
             route = route[1:]
         route = route or [self.lane_index]
-        return np.array([self.road.network.position_heading_along_route(route, s + v * t, 0, self.lane_index)[0]
-                         for t in PREDICT_TIMES_S])
+        return np.array([self.road.network.position_heading_along_route(route, s + d, 0, self.lane_index)[0]
+                         for d in dist])
 
     def _conflicts(self, own: np.ndarray) -> bool:
         dt_pairs = np.abs(PREDICT_TIMES_S[:, None] - PREDICT_TIMES_S[None, :]) <= CONFLICT_TIME_WINDOW_S
         for v in self.road.vehicles:
-            if v is self or np.linalg.norm(v.position - self.position) > 70.0:
+            if v is self or np.linalg.norm(v.position - self.position) > 100.0:
                 continue
             if v.lane_index == self.lane_index:
                 continue  # same lane: IDM keeps the gap
+            if v.speed < MOVING_MPS and not is_junction_lane(v.lane_index):
+                continue  # waiting at its own entry
             if isinstance(v, ControlledVehicle) and v.route:
                 try:
                     pos, _ = v.predict_trajectory_constant_speed(PREDICT_TIMES_S)

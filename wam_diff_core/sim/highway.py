@@ -26,8 +26,12 @@ from ..types import Detection, EgoState
 from ..constants import BOX_SCALE
 from .routes import Route
 
-warnings.filterwarnings("ignore", module="gymnasium")
-warnings.filterwarnings("ignore", category=DeprecationWarning)
+import os  # noqa: E402
+import tempfile  # noqa: E402
+
+# SDL complains on stderr without a runtime dir; never set SDL_VIDEODRIVER=dummy (frames go black).
+os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
 import gymnasium as gym  # noqa: E402
 import highway_env  # noqa: E402,F401  (registers the envs)
@@ -35,6 +39,8 @@ from highway_env.road.lane import AbstractLane  # noqa: E402
 from highway_env.vehicle.behavior import IDMVehicle  # noqa: E402
 from highway_env.vehicle.graphics import VehicleGraphics  # noqa: E402
 from highway_env.vehicle.kinematics import Vehicle  # noqa: E402
+
+gym.logger.min_level = 40  # silence "environment is out of date" deprecation notes
 
 # Creating an intersection env rewrites IDMVehicle class constants process-wide; snapshot the
 # defaults at import and restore them before every reset so one route never changes another.
@@ -190,8 +196,9 @@ class HighwayWorld:
         if self.driver == "expert":
             from .expert import ExpertVehicle
             ego = ExpertVehicle.create_from(old)
-            ego.route = route_lanes or None
+            ego.route = list(route_lanes) or None
             ego.target_speed = float(r.options.get("target_speed", self._speed_limit(old)))
+            ego.cruise_speed = ego.target_speed
             ego.junction = r.scenario in JUNCTION_SCENARIOS
         else:
             ego = PolicyVehicle(road, old.position.copy(), heading=old.heading, speed=old.speed)
