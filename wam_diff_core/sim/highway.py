@@ -78,6 +78,24 @@ def ego_to_world(points_ego: np.ndarray, ego_xy: np.ndarray, ego_yaw: float) -> 
     return np.stack([c * p[..., 0] - s * p[..., 1], s * p[..., 0] + c * p[..., 1]], axis=-1) + ego_xy
 
 
+def _in_junction(v) -> bool:
+    return v.lane_index[0].startswith("ir")
+
+
+def _junction_first_priorities(v1, v2):
+    """Right of way at intersections: a vehicle already inside the junction goes first (highway-env
+    only compares lane priorities, so crossing traffic drove into vehicles already clearing the box);
+    otherwise highway-env's rule (lane priority, then the vehicle behind yields)."""
+    from highway_env.road.regulation import RegulatedRoad
+
+    in1, in2 = _in_junction(v1), _in_junction(v2)
+    if in1 and not in2:
+        return v2
+    if in2 and not in1:
+        return v1
+    return RegulatedRoad.respect_priorities(v1, v2)
+
+
 class PolicyVehicle(Vehicle):
     """The ego under external continuous control; never reverses."""
 
@@ -185,6 +203,8 @@ class HighwayWorld:
         self.env.reset(seed=int(r.seed))
         self.env.enable_auto_render = False
         road = self.env.road
+        if hasattr(road, "respect_priorities"):
+            road.respect_priorities = _junction_first_priorities
         old = self.env.vehicle
         route_lanes = list(getattr(old, "route", None) or [])
         if r.scenario == "roundabout":
@@ -529,6 +549,22 @@ class HighwayWorld:
                         continue
                     out.append({"id": f"{a}->{b}:{k}", "centre": rel, "width": float(lane.width_at(s_ego))})
         return out
+
+    def expert_intent(self) -> np.ndarray:
+        """The expert ego's intended next NUM_WAYPOINTS positions (its target lane / route at its
+        current speed), in the ego frame. Only for driver="expert"."""
+        from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
+
+        ego = self.ego
+        times = (np.arange(NUM_WAYPOINTS) + 1) * WAYPOINT_DT_S
+        saved = ego.route
+        try:
+            if not ego.route:
+                ego.route = [ego.target_lane_index]
+            pos, _ = ego.predict_trajectory_constant_speed(times)
+        finally:
+            ego.route = saved
+        return world_to_ego(hw_to_world(np.asarray(pos)), hw_to_world(ego.position), -float(ego.heading))
 
     def snapshot(self) -> dict:
         """World state for hashing/determinism checks: every vehicle's position, heading, speed."""

@@ -1,0 +1,108 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+from wam_diff_core.constants import WAM_DIFF_CONFIG_NAME
+from wam_diff_core.decoding.block_diffusion import generate
+from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.model.checkpoint import CheckpointError, build_preset, load, load_model, save_model
+from wam_diff_core.model.presets import build_config, get_preset, QWEN_SPECIAL_IDS
+from wam_diff_core.model.runner import ModelRunner
+from wam_diff_core.model.settings import WamDiffSettings
+
+
+@pytest.fixture(scope="module")
+def saved(nano, tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "nano"
+    save_model(nano, path)
+    return path
+
+
+def _copy(saved, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(saved, dst)
+    return dst
+
+
+def test_nano_preset_has_five_to_ten_million_parameters_and_its_mask_token(nano):
+    assert 5e6 <= nano.num_params <= 10e6
+    tok = nano.processor.tokenizer
+    assert tok.convert_ids_to_tokens(nano.settings.mask_token_id) == "<|mask|>"
+    assert tok.convert_ids_to_tokens(nano.settings.eos_token_id) == "<|im_end|>"
+
+
+def test_save_load_round_trip_keeps_weights_settings_and_decoded_tokens(nano, saved, camera_image):
+    loaded = load_model(saved)
+    for (name, a), (_, b) in zip(nano.model.state_dict().items(), loaded.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert loaded.settings == nano.settings
+    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>go<|im_end|>\n<|im_start|>assistant\n"
+    cfg = DecoderConfig(block_size=4, steps=2, max_new_tokens=16, ignore_eos=True)
+    outs = []
+    for lm in (nano, loaded):
+        batch = lm.processor.encode([prompt], [[camera_image]])
+        outs.append(generate(ModelRunner(lm.model), batch, cfg, lm.settings.mask_token_id, lm.settings.eos_token_id).token_ids)
+    assert outs[0] == outs[1]
+
+
+def test_missing_config_names_the_file(saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    (path / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"config\.json"):
+        load_model(path)
+
+
+def test_corrupt_safetensors_names_the_file(saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: 1000])
+    with pytest.raises(CheckpointError, match=r"corrupt checkpoint file .*model\.safetensors"):
+        load_model(path)
+
+
+def test_pickle_only_checkpoint_is_refused(saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: pickle checkpoints are refused"):
+        load_model(path)
+
+
+def test_corrupt_settings_file_names_it(saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    (path / WAM_DIFF_CONFIG_NAME).write_text("{not json")
+    with pytest.raises(CheckpointError, match=WAM_DIFF_CONFIG_NAME):
+        load_model(path)
+
+
+def test_missing_directory_and_unknown_preset_are_named(tmp_path):
+    with pytest.raises(CheckpointError, match="no-such-model"):
+        load(str(tmp_path / "no-such-model"))
+
+
+def test_stock_checkpoint_without_settings_is_an_ar_model_with_the_mask_token_added(saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    (path / WAM_DIFF_CONFIG_NAME).unlink()
+    loaded = load_model(path)
+    assert loaded.settings.trained_block_size == 1
+    assert loaded.settings.mask_token_id == loaded.processor.mask_token_id
+
+
+def test_settings_reject_an_unknown_strategy(tmp_path):
+    bad = WamDiffSettings(mask_token_id=7, eos_token_id=2).to_json().replace("low_confidence_dynamic", "fancy")
+    (tmp_path / WAM_DIFF_CONFIG_NAME).write_text(bad)
+    with pytest.raises(ValueError, match="fancy"):
+        WamDiffSettings.load(tmp_path / WAM_DIFF_CONFIG_NAME)
+
+
+@pytest.mark.parametrize("name,params_b", [("qwen3-vl-2b", 2.0), ("qwen3-vl-8b", 8.0)])
+def test_real_architecture_presets_have_the_published_sizes(name, params_b):
+    config = build_config(get_preset(name), QWEN_SPECIAL_IDS)
+    with torch.device("meta"):
+        from transformers import Qwen3VLForConditionalGeneration
+
+        model = Qwen3VLForConditionalGeneration._from_config(config)
+    n = sum(p.numel() for p in model.parameters()) / 1e9
+    assert abs(n - params_b) / params_b < 0.15, n
+    assert config.text_config.vocab_size == 151936

@@ -1,0 +1,156 @@
+"""DrivingPolicy: the one entry point the ROS node, the CARLA agent and the closed loops call.
+
+`plan(images, ego_state, command)` -> Plan (trajectory in the ego frame, optional detections, raw
+text, validity, timings); `ask(images, question)` -> Answer. Inputs are validated (ValueError naming
+the bad value); model text is parsed by the codec and never raises: a bad answer becomes an invalid
+Plan with the parse error.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .codec import ParseError, parse_answer, parse_detections, parse_trajectory
+from .constants import TASKS
+from .decoding.block_diffusion import generate
+from .decoding.config import DecoderConfig
+from .model.checkpoint import LoadedModel, load
+from .model.processor import check_image
+from .model.runner import ModelRunner
+from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
+from .types import Answer, DecodeStats, EgoState, Plan, check_command
+
+# Token budget per task: a trajectory is 16 numbers (digits tokenize one by one), boxes are longer.
+TASK_BUDGET = {"planning": 128, "detection": 192, "qa": 64}
+POLICY_TASKS = ("planning", "detection")  # what plan() can answer; QA goes through ask()
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Decoding settings of the policy (see DecoderConfig) and the tasks plan() answers."""
+
+    block_size: int = 32
+    steps: int = 4
+    strategy: str = "low_confidence_dynamic"
+    threshold: float = 0.9
+    backend: str = "sdpa"
+    cuda_graphs: bool = False
+    max_new_tokens: Optional[int] = None  # None: the per-task budget
+    temperature: float = 0.0
+    tasks: tuple[str, ...] = ("planning",)
+
+    def __post_init__(self):
+        bad = [t for t in self.tasks if t not in POLICY_TASKS]
+        if bad or not self.tasks:
+            raise ValueError(f"tasks {self.tasks!r}: expected a non-empty subset of {POLICY_TASKS}")
+        self.decoder(self.tasks)  # validates the decoding fields
+
+    def decoder(self, tasks: Sequence[str]) -> DecoderConfig:
+        budget = self.max_new_tokens or max(TASK_BUDGET[t] for t in tasks)
+        return DecoderConfig(block_size=self.block_size, steps=self.steps, strategy=self.strategy,
+                             threshold=self.threshold, max_new_tokens=budget, temperature=self.temperature,
+                             backend=self.backend, cuda_graphs=self.cuda_graphs)
+
+
+def _check_images(images) -> list[np.ndarray]:
+    if isinstance(images, np.ndarray):
+        images = [images]
+    if not isinstance(images, (list, tuple)) or not images:
+        raise ValueError(f"images must be a non-empty list of (H, W, 3) uint8 arrays, got {type(images).__name__}")
+    return [check_image(img, f"images[{i}]") for i, img in enumerate(images)]
+
+
+class DrivingPolicy:
+    def __init__(self, loaded: LoadedModel, config: PolicyConfig | None = None):
+        if loaded.processor is None:
+            raise ValueError(f"model {loaded.name!r} has no tokenizer/processor; a policy needs a full checkpoint")
+        self.config = config or PolicyConfig()
+        self.loaded = loaded
+        device = next(loaded.model.parameters()).device
+        if self.config.cuda_graphs and device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA device, the model is on {device}")
+        if self.config.backend == "flashinfer":
+            raise ValueError("backend 'flashinfer' is not available in this installation (GPU kernels not installed)")
+        self.device = device
+        self.runner = ModelRunner(loaded.model, self.config.backend)
+
+    @classmethod
+    def load(cls, model: str, device: str = "cpu", config: PolicyConfig | None = None) -> "DrivingPolicy":
+        """A preset name ("nano") or a local checkpoint directory."""
+        return cls(load(model, device=device), config)
+
+    @property
+    def processor(self):
+        return self.loaded.processor
+
+    def _decode(self, prompts: list[str], images: list[np.ndarray], cfg: DecoderConfig):
+        batch = self.processor.encode(prompts, [images] * len(prompts)).to(self.device)
+        settings = self.loaded.settings
+        result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id)
+        texts = [self.processor.decode(ids) for ids in result.token_ids]
+        return result, texts
+
+    def plan(self, images, ego_state: EgoState, command: str, tasks: Sequence[str] | None = None) -> Plan:
+        """Plan from camera images (list of (H, W, 3) uint8 RGB), ego state and navigation command."""
+        images = _check_images(images)
+        if not isinstance(ego_state, EgoState):
+            raise ValueError(f"ego_state must be an EgoState, got {type(ego_state).__name__}")
+        command = check_command(command)
+        tasks = tuple(tasks or self.config.tasks)
+        if not tasks or any(t not in POLICY_TASKS for t in tasks):
+            raise ValueError(f"tasks {tasks!r}: expected a non-empty subset of {POLICY_TASKS}")
+        start = time.perf_counter()
+        text_for = {"planning": planning_prompt(ego_state, command), "detection": detection_prompt()}
+        prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
+        cfg = self.config.decoder(tasks)
+        result, texts = self._decode(prompts, images, cfg)
+        plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(tasks, texts)))
+        for task, text, finished in zip(tasks, texts, result.finished):
+            if not finished:
+                plan.errors[task] = f"truncated: no end of answer within {cfg.max_new_tokens} tokens"
+                continue
+            if task == "planning":
+                parsed = parse_trajectory(text)
+                if isinstance(parsed, ParseError):
+                    plan.errors[task] = str(parsed)
+                else:
+                    plan.trajectory, plan.valid = parsed, True
+            else:
+                height, width = images[0].shape[:2]
+                parsed = parse_detections(text, (width, height))
+                if isinstance(parsed, ParseError):
+                    plan.errors[task] = str(parsed)
+                else:
+                    plan.detections = parsed
+        plan.timings = {**result.timings, "plan_total": time.perf_counter() - start}
+        plan.stats["decode"] = DecodeStats(tokens=result.tokens, forwards=result.forwards, timings=dict(result.timings))
+        return plan
+
+    def ask(self, images, question: str) -> Answer:
+        """Answer a driving question about the camera images."""
+        images = _check_images(images)
+        prompt = chat_prompt(qa_prompt(question), len(images))
+        start = time.perf_counter()
+        cfg = self.config.decoder(("planning",))
+        cfg = replace(cfg, max_new_tokens=self.config.max_new_tokens or TASK_BUDGET["qa"])
+        result, texts = self._decode([prompt], images, cfg)
+        parsed = parse_answer(texts[0])
+        text = "" if isinstance(parsed, ParseError) else parsed
+        return Answer(question=question, text=text, raw_text=texts[0],
+                      timings={**result.timings, "ask_total": time.perf_counter() - start})
+
+    def close(self) -> None:
+        """Free the model (a lifecycle node calls this on deactivate/cleanup)."""
+        self.runner = None
+        self.loaded = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+__all__ = ["DrivingPolicy", "PolicyConfig", "TASK_BUDGET", "TASKS"]

@@ -1,0 +1,280 @@
+"""`wam-diff drive`: closed-loop driving over the embedded route suite, Bench2Drive-style scoring.
+
+Each route runs in a worker process: policy plan -> controller -> world, 10 Hz, until the route
+is completed, the ego crashes, deviates from its route, is blocked, or times out. One JSON per
+route (completion, infractions with time and kind, status, comfort and efficiency inputs) lands in
+OUT/routes/, then OUT/summary.json and a printed table; chosen routes get a video with the plan drawn.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
+from ..eval import bench2drive
+from .routes import DEFAULT_SUITE, Route, load_routes, suite_version
+
+ROUTE_DEVIATION_M = {"corridor": 6.0, "road": 3.0}   # junction routes: from the route; others: beyond the road edge
+BLOCKED_AFTER_S = 30.0
+BLOCKED_SPEED_MPS = 0.1
+
+
+def shift_plan(traj: np.ndarray, age_s: float) -> np.ndarray:
+    """A plan made `age_s` ago, re-timed: waypoint k is where the plan was at t_k + age (still in the
+    frame the plan was made in). The last segment is extended at constant velocity."""
+    knots_t = np.arange(NUM_WAYPOINTS + 1) * WAYPOINT_DT_S
+    knots = np.vstack([[0.0, 0.0], traj])
+    t = knots_t[1:] + age_s
+    out = np.stack([np.interp(t, knots_t, knots[:, 0]), np.interp(t, knots_t, knots[:, 1])], axis=1)
+    beyond = t > knots_t[-1]
+    if beyond.any():
+        v = (knots[-1] - knots[-2]) / WAYPOINT_DT_S
+        out[beyond] = knots[-1] + np.outer(t[beyond] - knots_t[-1], v)
+    return out
+
+
+def _to_frame(points: np.ndarray, from_pose, to_pose) -> np.ndarray:
+    """Points in the ego frame of `from_pose` (X, Y, yaw world) into the ego frame of `to_pose`."""
+    from .highway import ego_to_world, world_to_ego
+
+    w = ego_to_world(points, np.array(from_pose[:2]), from_pose[2])
+    return world_to_ego(w, np.array(to_pose[:2]), to_pose[2])
+
+
+def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bool = False,
+              frame_size=(384, 192), replan_every: int = 1, controller_config=None) -> dict:
+    """Drive one route with a policy (a .plan(images, ego, command) object). Returns the route record."""
+    from ..control import Controller, ControllerConfig
+    from .highway import WHEELBASE_M, HighwayWorld
+    from .policies import safe_plan
+
+    drives_itself = bool(getattr(policy, "drives_itself", False))
+    needs_images = bool(getattr(policy, "needs_images", True))
+    world = HighwayWorld(route, frame_size=frame_size, driver="expert" if drives_itself else "policy",
+                         render=needs_images or video)
+    if hasattr(policy, "bind"):
+        policy.bind(world)
+    ctl = Controller(controller_config or ControllerConfig(wheelbase_m=WHEELBASE_M))
+    wall0 = time.perf_counter()
+    tick = world.reset()
+    corridor = world._corridor_route
+    max_dev = ROUTE_DEVIATION_M["corridor" if corridor else "road"]
+    infractions, frames = [], []
+    speeds, lon, lat, yaw_rates, traffic = [], [], [], [], []
+    frame_hash = hashlib.sha256()
+    state_hash = hashlib.sha256()
+    invalid_plans = 0
+    plan_time = 0.0
+    plan, plan_pose, plan_tick = None, None, -10 ** 9
+    offroad_m, driven_m = 0.0, 0.0
+    last_pose = tick.pose
+    stopped_since = None
+    status = None
+    while True:
+        k = world._ticks
+        if k - plan_tick >= replan_every or plan is None:
+            t0 = time.perf_counter()
+            p = safe_plan(policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command)
+            plan_time += time.perf_counter() - t0
+            if not p.valid:
+                invalid_plans += 1
+                plan = None
+            else:
+                plan = np.asarray(p.trajectory, dtype=np.float64)
+            plan_pose, plan_tick = tick.pose, k
+        traj_now = None
+        if plan is not None:
+            age = (k - plan_tick) * world.dt
+            traj_now = plan if age == 0 else _to_frame(shift_plan(plan, age), plan_pose, tick.pose)
+        if video and tick.frame is not None:
+            from .video import draw_plan
+
+            px = world.ego_to_pixels(np.vstack([[0.0, 0.0], traj_now])) if traj_now is not None else None
+            frames.append(draw_plan(tick.frame, px, f"{route.route_id} t={tick.t:4.1f}s v={tick.ego.speed:4.1f} {tick.command}"))
+        if tick.frame is not None:
+            frame_hash.update(tick.frame.tobytes())
+        if drives_itself:
+            tick = world.step()
+        else:
+            c = ctl.step(traj_now, tick.ego.speed, world.dt, plan_age_s=0.0 if plan is None else (k - plan_tick) * world.dt)
+            tick = world.step(c.accel, c.steer)
+        state_hash.update(np.asarray(world.snapshot()["vehicles"], dtype=np.float64).tobytes())
+        # bookkeeping
+        step_m = math.hypot(tick.pose[0] - last_pose[0], tick.pose[1] - last_pose[1])
+        last_pose = tick.pose
+        driven_m += step_m
+        if tick.off_road:
+            offroad_m += step_m
+        speeds.append(tick.ego.speed)
+        lon.append(tick.ego.ax)
+        lat.append(tick.ego.ay)
+        yaw_rates.append(tick.ego.yaw_rate)
+        near = [math.hypot(*v.velocity) for v in tick.vehicles if math.hypot(*v.xy) < 50.0]
+        if near:
+            traffic.append(float(np.mean(near)))
+        if tick.ego.speed < BLOCKED_SPEED_MPS:
+            stopped_since = tick.t if stopped_since is None else stopped_since
+        else:
+            stopped_since = None
+        if tick.collision:
+            infractions.append({"kind": "collision_vehicle", "time_s": tick.t})
+            status = "Failed - collision"
+        elif tick.progress_m >= route.target_distance_m:
+            status = "Completed"
+        elif tick.route_deviation_m > max_dev:
+            infractions.append({"kind": "route_deviation", "time_s": tick.t})
+            status = "Failed - route deviation"
+        elif stopped_since is not None and tick.t - stopped_since >= BLOCKED_AFTER_S:
+            infractions.append({"kind": "agent_blocked", "time_s": tick.t})
+            status = "Failed - agent blocked"
+        elif tick.t >= route.time_limit_s - 1e-9:
+            infractions.append({"kind": "route_timeout", "time_s": tick.t})
+            status = "Failed - timeout"
+        if status:
+            break
+    if driven_m > 0 and offroad_m > 0:
+        infractions.append({"kind": bench2drive.OUTSIDE_LANES, "time_s": tick.t,
+                            "pct": round(100.0 * offroad_m / driven_m, 3)})
+    world.close()
+    completion = 100.0 * min(tick.progress_m / route.target_distance_m, 1.0)
+    rec = {
+        **route.to_dict(),
+        "abilities": list(route.abilities),
+        "policy": getattr(policy, "name", type(policy).__name__),
+        "status": status,
+        "completion": round(max(completion, 0.0), 4),
+        "infractions": infractions,
+        "duration_s": round(tick.t, 3),
+        "ticks": world._ticks,
+        "invalid_plans": invalid_plans,
+        "efficiency": {"ego_mean_speed": float(np.mean(speeds)) if speeds else 0.0,
+                       "traffic_mean_speed": float(np.mean(traffic)) if traffic else 0.0},
+        "comfort": {"dt": world.dt, "lon_accel": [round(v, 4) for v in lon], "lat_accel": [round(v, 4) for v in lat],
+                    "yaw_rate": [round(v, 5) for v in yaw_rates]},
+        "offroad_m": round(offroad_m, 3),
+        "driven_m": round(driven_m, 3),
+        "frame_hash": frame_hash.hexdigest() if needs_images or video else None,
+        "state_hash": state_hash.hexdigest(),
+        "wall_s": round(time.perf_counter() - wall0, 3),
+        "plan_s": round(plan_time, 3),
+    }
+    rec["score"] = bench2drive.route_score(rec["completion"], infractions)
+    if video and frames and out_dir is not None:
+        from .video import write_video
+
+        rec["video"] = str(write_video(frames, Path(out_dir) / "videos" / f"{route.route_id}.mp4"))
+    return rec
+
+
+# ---------------------------------------------------------------- workers
+_POLICY = None
+
+
+def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video: bool, frame_size, replan_every: int) -> dict:
+    global _POLICY
+    from .policies import load_policy
+
+    if _POLICY is None or getattr(_POLICY, "_spec", None) != policy_spec:
+        _POLICY = load_policy(policy_spec, device=device)
+        _POLICY._spec = policy_spec
+        _POLICY.name = policy_spec
+    route = Route(**route_dict)
+    rec = run_route(route, _POLICY, out_dir=Path(out_dir), video=video, frame_size=frame_size, replan_every=replan_every)
+    path = Path(out_dir) / "routes" / f"{route.route_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec))
+    return rec
+
+
+def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: int = 1, video_ids=(),
+                frame_size=(384, 192), replan_every: int = 1, device: str = "cpu", resume: bool = False,
+                progress: bool = True) -> dict:
+    """Run routes (in `workers` processes), write per-route JSON and summary.json; return the summary."""
+    out_dir = Path(out_dir)
+    (out_dir / "routes").mkdir(parents=True, exist_ok=True)
+    records, todo = [], []
+    for r in routes:
+        p = out_dir / "routes" / f"{r.route_id}.json"
+        if resume and p.is_file():
+            records.append(json.loads(p.read_text()))
+        else:
+            todo.append(r)
+    t0 = time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc=f"drive {policy_spec}", unit="route")
+    args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every)
+            for r in todo]
+    if workers <= 1:
+        for a in args:
+            records.append(_worker(*a))
+            if bar:
+                bar.update(1)
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+            futs = {ex.submit(_worker, *a): a[0]["route_id"] for a in args}
+            for f in as_completed(futs):
+                try:
+                    records.append(f.result())
+                except Exception as exc:  # a crashed worker costs its route, not the run
+                    print(f"route {futs[f]} failed in its worker: {type(exc).__name__}: {exc}")
+                if bar:
+                    bar.update(1)
+    if bar:
+        bar.close()
+    summary = bench2drive.summarize(records, expected_route_ids=[r.route_id for r in routes])
+    summary.update({
+        "policy": policy_spec,
+        "suite": suite_version(),
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "workers": workers,
+        "invalid_plans": int(sum(r.get("invalid_plans", 0) for r in records)),
+        "videos": sorted(r["video"] for r in records if r.get("video")),
+    })
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+# ---------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", required=True, help="expert | constant-velocity | checkpoint path or preset")
+    parser.add_argument("--out", required=True, help="output directory (routes/*.json, summary.json, videos/)")
+    parser.add_argument("--routes", default=str(DEFAULT_SUITE), help="route suite JSON (default: the bundled routes_v1)")
+    parser.add_argument("--ids", default="", help="comma-separated route ids to run")
+    parser.add_argument("--scenarios", default="", help="comma-separated scenario types to run")
+    parser.add_argument("--limit", type=int, default=None, help="first N routes only")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--video", default="", help="comma-separated route ids to render as video, or 'first'")
+    parser.add_argument("--frame-size", default="384x192", help="WxH of the rendered frame")
+    parser.add_argument("--replan-every", type=int, default=1, help="ticks between policy calls (10 Hz ticks)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--resume", action="store_true", help="keep routes already written in OUT/routes")
+
+
+def run(args) -> int:
+    routes = load_routes(args.routes, ids=[i for i in args.ids.split(",") if i] or None,
+                         scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
+    if not routes:
+        print("no routes selected")
+        return 2
+    w, h = (int(v) for v in args.frame_size.lower().split("x"))
+    video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
+    summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
+                          frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume)
+    print(bench2drive.format_table(summary))
+    print(f"wall {summary['wall_s']:.1f} s, invalid plans {summary['invalid_plans']}")
+    for v in summary["videos"]:
+        print(f"video: {v}")
+    print(f"summary: {Path(args.out) / 'summary.json'}")
+    return 0

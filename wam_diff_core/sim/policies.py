@@ -1,0 +1,89 @@
+"""Policies the closed loop can drive with: the Protocol every one of them meets, and the two
+baselines of the embedded world (the expert and constant velocity). The learned DrivingPolicy
+(wam_diff_core.policy) meets the same Protocol and is imported lazily by `load_policy`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
+from ..types import EgoState, Plan
+
+BASELINES = ("expert", "constant-velocity")
+
+
+@runtime_checkable
+class Policy(Protocol):
+    def plan(self, images: Sequence[np.ndarray], ego: EgoState, command: str) -> Plan: ...
+
+
+class ConstantVelocityPolicy:
+    """Keeps the current velocity vector for 4 s: a straight line at the current speed."""
+
+    needs_images = False
+    drives_itself = False
+
+    def plan(self, images, ego: EgoState, command: str) -> Plan:
+        t = (np.arange(NUM_WAYPOINTS) + 1) * WAYPOINT_DT_S
+        traj = np.stack([ego.vx * t, ego.vy * t], axis=1)
+        return Plan(trajectory=traj, valid=True)
+
+
+class ExpertPolicy:
+    """The rule-based expert (sim.expert.ExpertVehicle) drives the ego itself inside the world; its
+    plan is what it intends: its route ahead at its current speed (drawn in videos, never tracked)."""
+
+    needs_images = False
+    drives_itself = True
+
+    def __init__(self):
+        self.world = None
+
+    def bind(self, world) -> None:
+        self.world = world
+
+    def plan(self, images, ego: EgoState, command: str) -> Plan:
+        if self.world is None:
+            return Plan(trajectory=None, valid=False, errors={"planning": "expert not bound to a world"})
+        return Plan(trajectory=self.world.expert_intent(), valid=True)
+
+
+class LearnedPolicy:
+    """Adapter around wam_diff_core.policy.DrivingPolicy (frames in, trajectory out)."""
+
+    needs_images = True
+    drives_itself = False
+
+    def __init__(self, path: str, device: str = "cpu"):
+        from ..policy import DrivingPolicy  # heavy: torch + transformers
+
+        self.inner = DrivingPolicy.load(path, device=device)
+
+    def plan(self, images, ego: EgoState, command: str) -> Plan:
+        return self.inner.plan(images, ego, command)
+
+
+def load_policy(spec: str, device: str = "cpu"):
+    """'expert', 'constant-velocity', or a checkpoint path / preset name for DrivingPolicy."""
+    if spec == "expert":
+        return ExpertPolicy()
+    if spec == "constant-velocity":
+        return ConstantVelocityPolicy()
+    return LearnedPolicy(spec, device=device)
+
+
+def safe_plan(policy, images, ego: EgoState, command: str) -> Plan:
+    """Call policy.plan and turn any exception or malformed trajectory into an invalid Plan."""
+    try:
+        plan = policy.plan(images, ego, command)
+    except Exception as exc:  # a closed loop never crashes on the policy
+        return Plan(trajectory=None, valid=False, errors={"planning": f"{type(exc).__name__}: {exc}"})
+    traj: Optional[np.ndarray] = getattr(plan, "trajectory", None)
+    if not getattr(plan, "valid", False) or traj is None:
+        return plan if isinstance(plan, Plan) else Plan(trajectory=None, valid=False, errors={"planning": "no plan"})
+    traj = np.asarray(traj, dtype=np.float64)
+    if traj.shape != (NUM_WAYPOINTS, 2) or not np.isfinite(traj).all():
+        return Plan(trajectory=None, valid=False, errors={"planning": f"bad trajectory shape {traj.shape}"})
+    return plan
