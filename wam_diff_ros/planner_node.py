@@ -417,7 +417,7 @@ class PlannerNode(LifecycleNode):
         else:
             level, message = DiagnosticStatus.OK, "planning"
         try:
-            pub.publish(diagnostics_msg(self.get_clock().now().to_msg(), f"{self.get_name()}: planner",
+            pub.publish(diagnostics_msg(self.get_clock().now().to_msg(), f"{self.get_fully_qualified_name()}: planner",
                                         self._cfg.get("device", ""), level, message, values))
         except Exception:  # noqa: BLE001 - publisher destroyed during shutdown
             pass
@@ -429,11 +429,11 @@ def main(argv: Optional[list[str]] = None, policy_factory: Optional[Callable] = 
     node = PlannerNode(policy_factory=policy_factory)
     executor = MultiThreadedExecutor(num_threads=3)
     executor.add_node(node)
-    if node.get_parameter("autostart").value:
-        if node.trigger_configure() != TransitionCallbackReturn.SUCCESS or \
-                node.trigger_activate() != TransitionCallbackReturn.SUCCESS:
-            node.get_logger().error("autostart failed; staying in the reached lifecycle state")
-    try:
+    try:  # SIGINT may come at any moment, also during autostart
+        if node.get_parameter("autostart").value:
+            if node.trigger_configure() != TransitionCallbackReturn.SUCCESS or \
+                    node.trigger_activate() != TransitionCallbackReturn.SUCCESS:
+                node.get_logger().error("autostart failed; staying in the reached lifecycle state")
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
