@@ -1,0 +1,289 @@
+"""Training datasets in the ARCHITECTURE.md format, encoded with the model's own processor.
+
+A dataset file is a JSON list or JSONL of samples `{"id", "datasource", "task", "image": [paths
+relative to the file], "conversations": [human, gpt]}`. Each sample becomes an `Example`: prompt
+token ids (chat form, image pads expanded), the response token ids ending in EOS, and the image
+tensors. Several task datasets are mixed by weight (`MixSampler`).
+
+Bad samples (unparseable conversation, missing or unreadable image, response or prompt over the
+limit) are found by `scan` before training starts: with `on_bad_sample="skip"` they are dropped and
+counted, with `"error"` the run stops naming the sample. A sample that still fails when it is read
+during training (a file deleted meanwhile) comes back as a `BadSample`, which the collate drops and
+counts, so an epoch never crashes halfway.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from PIL import Image
+
+from wam_diff_core.constants import EOS_TOKEN
+from wam_diff_core.model.processor import VLProcessor
+from wam_diff_core.prompts import sample_to_chat
+
+BAD_SAMPLE_POLICIES = ("skip", "error")
+
+
+class DataError(ValueError):
+    """A dataset file or sample is unusable; the message names the file or sample."""
+
+
+@dataclass
+class Example:
+    """One encoded sample. prompt_ids / mm_token_type_ids: (P,); response_ids: (R,) ending in EOS;
+    pixel_values: (patches, patch_dim) or None; image_grid_thw: (images, 3) or None."""
+
+    sample_id: str
+    task: str
+    prompt_ids: torch.Tensor
+    mm_token_type_ids: torch.Tensor
+    response_ids: torch.Tensor
+    pixel_values: Optional[torch.Tensor]
+    image_grid_thw: Optional[torch.Tensor]
+    response_text: str = ""
+
+    def with_response(self, response_ids: torch.Tensor) -> "Example":
+        return Example(self.sample_id, self.task, self.prompt_ids, self.mm_token_type_ids, response_ids,
+                       self.pixel_values, self.image_grid_thw, "")
+
+
+@dataclass
+class BadSample:
+    sample_id: str
+    reason: str
+
+
+def read_samples(path: Union[str, Path]) -> list[dict]:
+    """Samples of a JSON list or JSONL file. Raises DataError naming the file (and line) when unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"dataset file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            samples = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc})") from exc
+    else:
+        samples = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                samples.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{n}: not valid JSON ({exc})") from exc
+    if not isinstance(samples, list):
+        raise DataError(f"{path}: expected a JSON list of samples, got {type(samples).__name__}")
+    return samples
+
+
+def load_image(path: Path) -> np.ndarray:
+    """HxWx3 uint8 RGB array of an image file. Raises DataError naming the file."""
+    if not path.is_file():
+        raise DataError(f"image not found: {path}")
+    try:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except Exception as exc:  # PIL raises many kinds for truncated or foreign files
+        raise DataError(f"unreadable image {path}: {exc}") from exc
+
+
+@dataclass
+class DatasetStats:
+    total: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason kind -> count
+
+    def count(self, reason: str) -> None:
+        kind = reason.split(":", 1)[0]
+        self.skipped[kind] = self.skipped.get(kind, 0) + 1
+
+    @property
+    def kept(self) -> int:
+        return self.total - sum(self.skipped.values())
+
+
+class DrivingDataset(torch.utils.data.Dataset):
+    """One dataset file. `__getitem__` returns an Example, or a BadSample for a sample that fails now."""
+
+    def __init__(self, path: Union[str, Path], processor: VLProcessor, max_prompt_tokens: int = 4096,
+                 max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None):
+        if on_bad_sample not in BAD_SAMPLE_POLICIES:
+            raise ValueError(f"on_bad_sample must be one of {BAD_SAMPLE_POLICIES}, got {on_bad_sample!r}")
+        self.path = Path(path)
+        self.root = self.path.parent
+        self.name = name or self.path.stem
+        self.processor = processor
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_response_tokens = max_response_tokens
+        self.on_bad_sample = on_bad_sample
+        self.stats = DatasetStats()
+        self.skipped_ids: list[tuple[str, str]] = []
+        self.samples = self.scan(read_samples(self.path))
+
+    def _check(self, sample: dict) -> tuple[str, str, list[Path]]:
+        """Cheap checks before training: conversation form, image files, response length."""
+        try:
+            prompt, response = sample_to_chat(sample)
+        except ValueError as exc:
+            raise DataError(f"bad conversation: {exc}") from exc
+        paths = [self.root / p for p in sample["image"]]
+        for p in paths:
+            if not p.is_file():
+                raise DataError(f"missing image: {p}")
+            try:
+                with Image.open(p) as img:
+                    img.verify()
+            except Exception as exc:
+                raise DataError(f"unreadable image: {p} ({exc})") from exc
+        n = len(self.processor.tokenizer(response + EOS_TOKEN, add_special_tokens=False)["input_ids"])
+        if n > self.max_response_tokens:
+            raise DataError(f"response too long: {n} tokens > max_response_tokens {self.max_response_tokens}")
+        return prompt, response, paths
+
+    def _fail(self, sid: str, reason: str) -> None:
+        if self.on_bad_sample == "error":
+            raise DataError(f"{self.path}: sample {sid!r}: {reason}")
+        self.stats.count(reason)
+        self.skipped_ids.append((sid, reason))
+
+    def scan(self, samples: list) -> list[tuple[str, str, str, list[Path]]]:
+        kept = []
+        for i, sample in enumerate(samples):
+            sid = str(sample.get("id", f"#{i}")) if isinstance(sample, dict) else f"#{i}"
+            self.stats.total += 1
+            try:
+                prompt, response, paths = self._check(sample)
+            except DataError as exc:
+                self._fail(sid, str(exc))
+                continue
+            kept.append((sid, str(sample.get("task", "")), prompt, response, paths))
+        return kept
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def encode(self, index: int) -> Example:
+        sid, task, prompt, response, paths = self.samples[index]
+        images = [load_image(p) for p in paths]
+        enc = self.processor.encode([prompt], [images] if images else None)
+        if enc.input_ids.shape[1] > self.max_prompt_tokens:
+            raise DataError(f"prompt too long: {enc.input_ids.shape[1]} tokens > max_prompt_tokens {self.max_prompt_tokens}")
+        resp = self.processor.tokenizer(response + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+        return Example(sid, task, enc.input_ids[0], enc.mm_token_type_ids[0], resp, enc.pixel_values,
+                       enc.image_grid_thw, response)
+
+    def __getitem__(self, index: int) -> Union[Example, BadSample]:
+        try:
+            return self.encode(index)
+        except (DataError, ValueError, OSError) as exc:
+            return BadSample(self.samples[index][0], str(exc))
+
+
+class MixedDataset(torch.utils.data.Dataset):
+    """Several datasets behind one flat index (dataset d's samples follow those of datasets < d)."""
+
+    def __init__(self, datasets: Sequence[DrivingDataset], weights: Optional[Sequence[float]] = None):
+        if not datasets:
+            raise DataError("no training datasets configured")
+        weights = list(weights) if weights is not None else [1.0] * len(datasets)
+        if len(weights) != len(datasets) or any(not (w >= 0) for w in weights) or sum(weights) <= 0:
+            raise DataError(f"dataset weights must be >= 0 with a positive sum, one per dataset; got {weights}")
+        for d, w in zip(datasets, weights):
+            if w > 0 and len(d) == 0:
+                raise DataError(f"{d.path}: no usable samples (skipped: {d.stats.skipped})")
+        self.datasets = list(datasets)
+        self.weights = weights
+        self.offsets = np.cumsum([0] + [len(d) for d in datasets]).tolist()
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def __getitem__(self, index: int):
+        d = int(np.searchsorted(self.offsets, index, side="right") - 1)
+        return self.datasets[d][index - self.offsets[d]]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(d) for d in self.datasets]
+
+    def skipped(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in self.datasets:
+            for k, v in d.stats.skipped.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+
+class MixSampler:
+    """Deterministic epochs of flat indices, datasets drawn in proportion to their weights.
+
+    An epoch holds `epoch_size` draws (default: all samples once): dataset d gets
+    round(epoch_size * w_d / sum(w)) of them, its samples cycled in a fresh permutation; the whole
+    epoch is shuffled. The order depends only on (seed, epoch), so a resumed run sees the same data.
+    With several processes each rank takes every world-th micro-batch.
+    """
+
+    def __init__(self, sizes: Sequence[int], weights: Sequence[float], batch_size: int, seed: int = 0,
+                 epoch_size: Optional[int] = None, rank: int = 0, world: int = 1):
+        self.sizes, self.weights = list(sizes), list(weights)
+        self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
+        self.epoch_size = epoch_size or sum(self.sizes)
+        total_w = sum(weights)
+        self.counts = [int(round(self.epoch_size * w / total_w)) if n > 0 else 0 for n, w in zip(sizes, weights)]
+        self.offsets = np.cumsum([0] + self.sizes).tolist()
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Micro-batches per epoch per rank (incomplete trailing batches are dropped)."""
+        return sum(self.counts) // (self.batch_size * self.world)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        draws = []
+        for d, (n, count) in enumerate(zip(self.sizes, self.counts)):
+            reps = math.ceil(count / n) if n else 0
+            perm = torch.cat([torch.randperm(n, generator=gen) for _ in range(reps)])[:count] if reps else torch.empty(0, dtype=torch.long)
+            draws.append(perm + self.offsets[d])
+        flat = torch.cat(draws)[torch.randperm(sum(self.counts), generator=gen)].tolist()
+        per = self.batch_size
+        batches = [flat[i * per:(i + 1) * per] for i in range(len(flat) // per)]
+        usable = (len(batches) // self.world) * self.world
+        return batches[self.rank:usable:self.world]
+
+    def stream(self, start: int = 0) -> Iterator[tuple[int, list[int]]]:
+        """(epoch, batch of indices) for micro-batches start, start + 1, ... forever."""
+        n = self.batches_per_epoch
+        if n == 0:
+            raise DataError(f"an epoch of {sum(self.counts)} samples makes no batch of {self.batch_size} on "
+                            f"{self.world} process(es); lower train.batch_size")
+        epoch, offset = divmod(start, n)
+        while True:
+            for batch in self.epoch_batches(epoch)[offset:]:
+                yield epoch, batch
+            epoch, offset = epoch + 1, 0
+
+
+def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_tokens: int, max_response_tokens: int,
+                   on_bad_sample: str, base_dir: Optional[Path] = None) -> MixedDataset:
+    """Datasets of config entries `{"path": ..., "weight": ...}` (paths relative to `base_dir`)."""
+    datasets, weights = [], []
+    for entry in entries:
+        if isinstance(entry, str):
+            entry = {"path": entry}
+        if "path" not in entry:
+            raise DataError(f"dataset entry {entry!r} has no 'path'")
+        path = Path(entry["path"])
+        if base_dir is not None and not path.is_absolute():
+            path = base_dir / path
+        datasets.append(DrivingDataset(path, processor, max_prompt_tokens, max_response_tokens, on_bad_sample,
+                                       name=entry.get("name")))
+        weights.append(float(entry.get("weight", 1.0)))
+    return MixedDataset(datasets, weights)
