@@ -1,0 +1,160 @@
+"""Bench2Drive agent run_step on synthetic leaderboard input_data with the real carla client."""
+import math
+
+import numpy as np
+import pytest
+
+from wam_diff_core.codec import ParseError, format_trajectory, parse_trajectory
+from wam_diff_core.types import Plan
+from wam_diff_ros.carla import agent as agent_mod
+from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG, AgentConfig, AgentConfigError
+from wam_diff_ros.carla.frames import GeoProjection
+
+carla = pytest.importorskip("carla")
+
+GEO = GeoProjection(49.0, 8.0)
+
+
+class TextPolicy:
+    """DrivingPolicy stand-in: returns fixed model text, parsed by the project codec as plan() does."""
+
+    def __init__(self, text):
+        self.text = text
+        self.calls = []
+
+    def plan(self, images, ego, command):
+        self.calls.append((images, ego, command))
+        parsed = parse_trajectory(self.text)
+        if isinstance(parsed, ParseError):
+            return Plan(trajectory=None, valid=False, raw_text={"planning": self.text}, errors={"planning": str(parsed)})
+        return Plan(trajectory=parsed, valid=True, raw_text={"planning": self.text})
+
+
+def straight_route(n=11, step=10.0, yaw=0.0, turn_at=None):
+    """Route along CARLA yaw `yaw` from the origin: (gps plan, world plan) as the leaderboard gives them."""
+    world, gps = [], []
+    for i in range(n):
+        x, y = i * step * math.cos(math.radians(yaw)), i * step * math.sin(math.radians(yaw))
+        opt = 1 if turn_at == i else 4  # RoadOption.LEFT / LANEFOLLOW values
+        world.append((carla.Transform(carla.Location(x=x, y=y), carla.Rotation(yaw=yaw)), opt))
+        lat, lon = GEO.to_gnss(x, y)
+        gps.append(({"lat": lat, "lon": lon, "z": 0.0}, opt))
+    return gps, world
+
+
+def input_data(frame, x=0.0, y=0.0, yaw=0.0, speed=5.0, bgra=None):
+    lat, lon = GEO.to_gnss(x, y)
+    compass = math.radians(yaw) + math.pi / 2
+    img = np.zeros((90, 160, 4), np.uint8) if bgra is None else bgra
+    return {
+        "rgb_front": (frame, img),
+        "speed": (frame, {"speed": speed}),
+        "imu": (frame, np.array([0.1, 0.0, 9.81, 0.0, 0.0, 0.0, compass])),
+        "gnss": (frame, np.array([lat, lon, 0.0])),
+    }
+
+
+def make_agent(text, yaw=0.0, turn_at=None, conf=str(DEFAULT_CONFIG)):
+    assert agent_mod.get_entry_point() == "WamDiffAgent"
+    a = getattr(agent_mod, agent_mod.get_entry_point())("localhost", 2000, False)
+    a.set_global_plan(*straight_route(yaw=yaw, turn_at=turn_at))
+    policy = TextPolicy(text)
+    a.setup(conf, policy=policy)
+    return a, policy
+
+
+STRAIGHT_5MPS = format_trajectory(np.stack([np.arange(1, 9) * 2.5, np.zeros(8)], 1))  # 5 m/s ahead
+LEFT_ARC = format_trajectory(np.stack([np.arange(1, 9) * 2.5, 0.05 * (np.arange(1, 9) * 2.5) ** 2], 1))
+
+
+def test_sensors_come_from_yaml_with_front_camera():
+    a, _ = make_agent(STRAIGHT_5MPS)
+    sensors = {s["id"]: s for s in a.sensors()}
+    assert set(sensors) == {"rgb_front", "speed", "imu", "gnss"}
+    cam = sensors["rgb_front"]
+    assert cam["type"] == "sensor.camera.rgb" and (cam["width"], cam["height"], cam["fov"]) == (1600, 900, 70)
+    assert a.config.plan_every_ticks == 10  # 20 Hz simulation, 2 Hz planning
+
+
+def test_run_step_returns_vehicle_control_in_range_and_feeds_rgb():
+    a, policy = make_agent(STRAIGHT_5MPS)
+    bgra = np.zeros((90, 160, 4), np.uint8)
+    bgra[..., 0], bgra[..., 1], bgra[..., 2], bgra[..., 3] = 10, 20, 30, 255
+    ctrl = a.run_step(input_data(0, speed=2.0, bgra=bgra), 0.0)
+    assert isinstance(ctrl, carla.VehicleControl)
+    assert 0.0 < ctrl.throttle <= 1.0 and ctrl.brake == 0.0 and abs(ctrl.steer) < 1e-3
+    images, ego, command = policy.calls[0]
+    assert images[0].shape == (90, 160, 3) and tuple(images[0][0, 0]) == (30, 20, 10)  # BGRA -> RGB
+    assert command == "follow lane" and ego.vx == 2.0
+
+
+def test_left_plan_steers_left_which_is_negative_carla_steer():
+    a, _ = make_agent(LEFT_ARC)
+    ctrl = a.run_step(input_data(0, speed=5.0), 0.0)
+    assert -1.0 <= ctrl.steer < -0.01 and 0.0 <= ctrl.throttle <= 1.0 and 0.0 <= ctrl.brake <= 1.0
+
+
+def test_garbage_model_text_brakes_and_is_counted():
+    a, _ = make_agent("sure! here is the plan: go forward fast")
+    for tick in range(12):
+        ctrl = a.run_step(input_data(tick, x=0.5 * tick, speed=6.0), tick * 0.05)
+        assert isinstance(ctrl, carla.VehicleControl)
+        assert ctrl.throttle == 0.0 and ctrl.brake > 0.5 and ctrl.steer == 0.0
+    s = a.summary()
+    assert s["plans"] == 2 and s["invalid_plans"] == 2 and s["valid_plans"] == 0 and s["brake_ticks"] == 12
+    assert "planning" in s["last_errors"][0]
+
+
+def test_plan_is_held_between_planning_ticks_and_late_plans_brake(tmp_path):
+    a, policy = make_agent(STRAIGHT_5MPS)
+    for tick in range(10):
+        ctrl = a.run_step(input_data(tick, x=0.25 * tick, speed=5.0), tick * 0.05)
+        assert ctrl.brake < 1e-6  # tracking 5 m/s at 5 m/s: no braking
+    assert len(policy.calls) == 1 and a.summary()["valid_plans"] == 1 and a.summary()["brake_ticks"] == 0
+    # same policy, but any wall time counts as late
+    conf = tmp_path / "late.yaml"
+    conf.write_text(DEFAULT_CONFIG.read_text().replace("late_plan_s: null", "late_plan_s: 1.0e-9"))
+    late, _ = make_agent(STRAIGHT_5MPS, conf=str(conf))
+    ctrl = late.run_step(input_data(0, speed=5.0), 0.0)
+    assert ctrl.throttle == 0.0 and ctrl.brake > 0.5
+    assert late.summary()["late_plans"] == 1 and late.summary()["valid_plans"] == 0
+
+
+def test_route_turn_reaches_the_policy_as_a_command_and_pose_uses_gnss():
+    # route heading CARLA yaw 90 (+y_carla); the left-turn option sits 30 m ahead of the start
+    a, policy = make_agent(STRAIGHT_5MPS, yaw=90.0, turn_at=3)
+    a.run_step(input_data(0, x=0.0, y=0.0, yaw=90.0), 0.0)
+    assert policy.calls[-1][2] == "follow lane"
+    for tick in range(1, 11):
+        a.run_step(input_data(tick, x=0.0, y=12.0, yaw=90.0), tick * 0.05)
+    assert policy.calls[-1][2] == "turn left"
+    assert a._route.index == 1
+
+
+def test_shift_plan_moves_along_the_trajectory_in_time():
+    traj = np.stack([np.arange(1, 9) * 2.5, np.zeros(8)], 1)
+    np.testing.assert_allclose(agent_mod.shift_plan(traj, 0.0), traj)
+    np.testing.assert_allclose(agent_mod.shift_plan(traj, 0.25)[:, 0], np.arange(1, 9) * 2.5 + 1.25)
+
+
+def test_bad_sensor_yaml_is_rejected_naming_the_field(tmp_path):
+    conf = tmp_path / "bad.yaml"
+    conf.write_text(DEFAULT_CONFIG.read_text().replace("fov: 70", "fov: wide"))
+    with pytest.raises(AgentConfigError, match="'fov'"):
+        AgentConfig.load(conf)
+    conf.write_text(DEFAULT_CONFIG.read_text().replace("cameras: [rgb_front]", "cameras: [rgb_back]"))
+    with pytest.raises(AgentConfigError, match="rgb_back"):
+        AgentConfig.load(conf)
+
+
+def test_destroy_writes_counters_and_comfort_signals(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAVE_PATH", str(tmp_path))
+    a, _ = make_agent(STRAIGHT_5MPS, conf=f"{DEFAULT_CONFIG}+RouteScenario_1_rep0_Town01_x")
+    for tick in range(4):
+        a.run_step(input_data(tick, x=0.25 * tick), tick * 0.05)
+    a.destroy()
+    import json
+
+    out = json.loads((tmp_path / "RouteScenario_1_rep0_Town01_x" / "wam_diff_agent.json").read_text())
+    assert out["stats"]["ticks"] == 4 and out["stats"]["valid_plans"] == 1
+    assert out["comfort"]["dt"] == pytest.approx(0.1) and len(out["comfort"]["lon_accel"]) == 2
