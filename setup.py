@@ -32,6 +32,8 @@ setup(
         "console_scripts": [
             "wam-diff = wam_diff_core.cli:main",
             "wam-diff-train = training.cli:main",
+            "wam-diff-bench2drive = wam_diff_ros.carla.runner:main",
+            "wam-diff-carla-bridge = wam_diff_ros.carla_bridge_node:main",
         ],
     },
 )

@@ -1,0 +1,136 @@
+"""Merging and scoring leaderboard results; the runner's shards, restarts and resume with a stand-in evaluator."""
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from wam_diff_ros.carla import results, runner
+
+ROUTE = ('<route id="{id}" town="Town12"><waypoints><position x="0" y="0" z="0"/><position x="9" y="0" z="0"/>'
+         '</waypoints><scenarios><scenario name="{t}_1" type="{t}"><trigger_point x="1" y="0" z="0" yaw="0"/>'
+         '</scenario></scenarios><weathers><weather route_percentage="0" cloudiness="5.0"/></weathers></route>')
+TYPES = {"1711": "ParkingCutIn", "1773": "ParkedObstacle", "1790": "HazardAtSideLane", "2086": "YieldToEmergencyVehicle",
+         "3": "ParkedObstacle"}
+
+
+def write_routes(path, ids=TYPES):
+    path.write_text("<routes>" + "".join(ROUTE.format(id=i, t=t) for i, t in ids.items()) + "</routes>")
+    return path
+
+
+def rec(rid, status, completion, save_name="", **infractions):
+    inf = {k: [] for k in results.INFRACTION_KINDS}
+    inf.update(infractions)
+    return {"route_id": f"RouteScenario_{rid}_rep0", "index": 0, "status": status, "scenario_name": TYPES[rid] + "_1",
+            "save_name": save_name, "infractions": inf,
+            "scores": {"score_route": completion, "score_penalty": 1.0, "score_composed": 0.0}, "meta": {}}
+
+
+def checkpoint(path, records, done=None):
+    n = len(records) if done is None else done
+    path.write_text(json.dumps({"_checkpoint": {"records": records, "progress": [n, n], "global_record": {}},
+                                "entry_status": "Started"}))
+    return path
+
+
+def test_merged_sample_results_give_hand_computed_ds_and_sr(tmp_path):
+    # 1711 perfect -> 100; 1790 40 % then blocked after a vehicle collision -> 40 x 0.6 = 24;
+    # 1773 crashed in a first attempt, completed on resume with a red light and 10 % outside lanes
+    #   -> 100 x 0.7 x 0.9 = 63; 2086 completed with only a min-speed infraction -> 100, a success;
+    # route 3 has no record -> 0.  DS = (100 + 24 + 63 + 100 + 0) / 5 = 57.4, SR = 2 / 5 = 40 %.
+    a = checkpoint(tmp_path / "a.json", [
+        rec("1711", "Perfect", 100.0),
+        rec("1790", "Failed - Agent got blocked", 40.0, collisions_vehicle=["Agent collided against object"],
+            vehicle_blocked=["Agent got blocked"])])
+    b1 = checkpoint(tmp_path / "b1.json", [rec("1773", "Failed - Simulation crashed", 10.0)])
+    b2 = checkpoint(tmp_path / "b2.json", [
+        rec("1773", "Completed", 100.0, red_light=["Agent ran a red light"],
+            outside_route_lanes=["Agent went outside its route lanes for about 12.5 meters (10.0% of the completed route)"],
+            min_speed_infractions=["Average agent speed is 80.0% of the surrounding traffic's one"]),
+        rec("2086", "Completed", 100.0, min_speed_infractions=["Average agent speed is 50.0% of the surrounding traffic's one"])])
+    for order in ([a, b1, b2], [b2, a, b1]):  # a finished record wins over a crashed one in any order
+        merged = results.merge_checkpoints(order)
+        recs = merged["_checkpoint"]["records"]
+        assert [results.route_key(r["route_id"]) for r in recs] == ["1711", "1773", "1790", "2086"]
+        s = results.score(recs, expected_ids=list(TYPES), route_types=TYPES)
+        assert s["driving_score"] == pytest.approx(57.4)
+        assert s["success_rate"] == pytest.approx(40.0)
+        assert s["routes"]["1773"]["score"] == pytest.approx(63.0)
+        assert s["routes"]["3"]["status"] == "missing"
+        assert s["abilities"]["emergency_brake"] == 100.0 and s["abilities"]["overtaking"] == 0.0
+        assert s["abilities"]["give_way"] == 100.0 and s["abilities"]["merging"] is None
+        assert s["efficiency"] == pytest.approx(65.0)
+
+
+FAKE_EVALUATOR = textwrap.dedent('''\
+    """Stand-in for leaderboard_evaluator.py: runs one route per call unless --resume'd; crashes once."""
+    import argparse, json, os, sys, xml.etree.ElementTree as ET
+    p = argparse.ArgumentParser()
+    for a in ("--routes", "--checkpoint", "--agent", "--agent-config", "--port", "--traffic-manager-port",
+              "--gpu-rank", "--timeout", "--repetitions", "--track", "--debug", "--debug-checkpoint", "--resume"):
+        p.add_argument(a, default="")
+    args = p.parse_args()
+    assert os.path.isfile(args.agent) and args.agent.endswith("agent.py"), args.agent
+    ids = [r.get("id") for r in ET.parse(args.routes).getroot().findall("route")]
+    records = json.load(open(args.checkpoint))["_checkpoint"]["records"] if args.resume else []
+    with open(os.path.join(os.path.dirname(args.checkpoint), "calls.txt"), "a") as fh:
+        fh.write(f"port={args.port} tm={args.traffic_manager_port} resume={bool(args.resume)} "
+                 f"save={os.environ['SAVE_PATH']}\\n")
+    for rid in ids[len(records):]:
+        records.append({"route_id": f"RouteScenario_{rid}_rep0", "status": "Perfect", "save_name": "",
+                        "infractions": {}, "scores": {"score_route": 100.0}})
+        json.dump({"_checkpoint": {"records": records, "progress": [len(records), len(ids)]}}, open(args.checkpoint, "w"))
+        if not args.resume and len(ids) > 1:
+            sys.exit(255)  # "Simulation crashed" after the first route
+    sys.exit(0)
+''')
+
+
+def test_runner_parallel_shards_restart_after_crash_resume_and_score(tmp_path, capsys):
+    routes = write_routes(tmp_path / "routes.xml")
+    fake = tmp_path / "fake_evaluator.py"
+    fake.write_text(FAKE_EVALUATOR)
+    out = tmp_path / "run"
+    argv = ["run", "--routes", str(routes), "--bench2drive-root", str(tmp_path), "--carla-root", str(tmp_path),
+            "--out", str(out), "--ports", "2000,2100", "--evaluator", str(fake), "--poll-s", "0.05", "--compat", "never"]
+    assert runner.main(argv) == 0
+    calls0 = (out / "shard_0" / "calls.txt").read_text().splitlines()
+    calls1 = (out / "shard_1" / "calls.txt").read_text().splitlines()
+    # shard 0 holds routes 1711, 1790, 3: crashed after one route, restarted with --resume
+    assert calls0 == [f"port=2000 tm=8000 resume=False save={out.resolve() / 'agent'}",
+                      f"port=2000 tm=8000 resume=True save={out.resolve() / 'agent'}"]
+    assert calls1[0].startswith("port=2100 tm=8100 resume=False")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_routes"] == 5 and summary["driving_score"] == 100.0 and summary["success_rate"] == 100.0
+    assert "driving score 100.00" in capsys.readouterr().out
+    # a second run in the same directory needs --resume; with it, finished shards are not rerun
+    assert runner.main(argv) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert runner.main(argv + ["--resume"]) == 0
+    assert len((out / "shard_0" / "calls.txt").read_text().splitlines()) == 2
+    # resuming with another number of ports is refused
+    assert runner.main(argv[:-8] + ["--ports", "2000", "--evaluator", str(fake), "--resume", "--compat", "never"]) == 2
+    assert "2 shard(s)" in capsys.readouterr().err
+    # the score sub-command re-merges from the run directory alone
+    assert runner.main(["score", "--out", str(out)]) == 0
+
+
+def test_runner_rejects_missing_bench2drive_checkout(tmp_path, capsys):
+    routes = write_routes(tmp_path / "routes.xml")
+    assert runner.main(["run", "--routes", str(routes), "--bench2drive-root", str(tmp_path / "nope"),
+                        "--carla-root", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "leaderboard evaluator not found" in capsys.readouterr().err
+
+
+def test_compat_shim_reports_the_carla_client_version(tmp_path):
+    pytest.importorskip("carla")
+    runner.write_compat(tmp_path)
+    import subprocess
+
+    code = "import pkg_resources; print(pkg_resources.get_distribution('carla').version)"
+    res = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0.9.15"

@@ -1,0 +1,345 @@
+"""wam-diff-bench2drive: run Bench2Drive's leaderboard evaluator with the WAM-Diff agent, resume,
+merge and score.
+
+    wam-diff-bench2drive run --routes ROUTES.xml --bench2drive-root B2D --carla-root CARLA_0.9.15 \
+        --out runs/b2d [--ports 2000,2100] [--gpus 0,1] [--agent-config config/carla_agent.yaml] [--resume]
+    wam-diff-bench2drive score --out runs/b2d [--routes ROUTES.xml]
+
+`run` splits the route file round-robin into one shard per port and starts one evaluator per shard
+in parallel (Bench2Drive's evaluator starts its own CARLA server from CARLA_ROOT on that port;
+traffic manager on port + tm_offset). An evaluator that stops before its shard is done (simulation
+crash) is restarted with --resume up to --max-restarts times. `--resume` continues an interrupted
+run in the same --out. Finally the shard checkpoints are merged (merged.json, Bench2Drive's form)
+and scored with wam_diff_core.eval.bench2drive (summary.json and a table on stdout).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from wam_diff_ros.carla import results
+from wam_diff_ros.carla.route_xml import RouteFileError, parse_routes, split_route_file
+
+MANIFEST = "run.json"
+COMPAT_NOTE = "written by wam-diff-bench2drive"
+
+
+class RunnerError(RuntimeError):
+    """A run that cannot start or continue; the message says what to change."""
+
+
+@dataclass
+class Shard:
+    index: int
+    port: int
+    tm_port: int
+    gpu: int
+    routes: Path
+    dir: Path
+    route_ids: list[str]
+    restarts: int = 0
+    proc: Optional[subprocess.Popen] = None
+    log: Optional[object] = None
+    history: list[int] = field(default_factory=list)  # exit codes
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.dir / "checkpoint.json"
+
+    def done(self) -> bool:
+        p = results.progress(self.checkpoint)
+        return p is not None and p[1] > 0 and p[0] >= p[1] and len(results.load_records(self.checkpoint)) >= p[1]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _needs_compat() -> bool:
+    """True when the evaluator's `pkg_resources.get_distribution("carla")` would fail here (no
+    pkg_resources in setuptools >= 81, or the 0.9.15 client installed under the name carla-0-9-15)."""
+    try:
+        import pkg_resources  # noqa: F401
+
+        pkg_resources.get_distribution("carla")
+        return False
+    except Exception:
+        return True
+
+
+def write_compat(dir_: Path) -> Path:
+    """A one-function `pkg_resources` answering the leaderboard's CARLA version check from the client."""
+    dir_.mkdir(parents=True, exist_ok=True)
+    (dir_ / "pkg_resources.py").write_text(f'''"""{COMPAT_NOTE}: the leaderboard evaluator's only use of
+pkg_resources is get_distribution("carla").version; setuptools >= 81 has no pkg_resources and the
+CARLA 0.9.15 client wheel for Python 3.10+ is named carla-0-9-15. Put on the evaluator's PYTHONPATH only."""
+
+
+class _Dist:
+    def __init__(self, name, version):
+        self.project_name, self.version = name, version
+
+    def __str__(self):
+        return f"{{self.project_name}} {{self.version}}"
+
+
+def get_distribution(name):
+    if name != "carla":
+        raise RuntimeError(f"{COMPAT_NOTE}: only get_distribution('carla') is provided, got {{name!r}}")
+    import carla
+
+    return _Dist("carla", carla.Client("localhost", 1).get_client_version())
+
+
+def __getattr__(attr):
+    raise AttributeError(f"{COMPAT_NOTE}: pkg_resources.{{attr}} is not provided; install setuptools<81")
+''')
+    return dir_
+
+
+def evaluator_command(args, shard: Shard, resume: bool) -> list[str]:
+    from wam_diff_ros.carla import agent as agent_module
+
+    cmd = [sys.executable, str(args.evaluator),
+           f"--routes={shard.routes}", "--repetitions=1", "--track=SENSORS",
+           f"--checkpoint={shard.checkpoint}", f"--debug-checkpoint={shard.dir / 'live_results.txt'}",
+           f"--agent={Path(agent_module.__file__).resolve()}", f"--agent-config={Path(args.agent_config).resolve()}",
+           "--debug=0", f"--port={shard.port}", f"--traffic-manager-port={shard.tm_port}",
+           f"--gpu-rank={shard.gpu}", f"--timeout={args.timeout}"]
+    if resume:
+        cmd.append("--resume=True")  # the evaluator parses --resume with type=bool: any non-empty value is True
+    return cmd
+
+
+def evaluator_env(args, shard: Shard, compat: Optional[Path]) -> dict:
+    env = dict(os.environ)
+    b2d, carla_root = Path(args.bench2drive_root).resolve(), Path(args.carla_root).resolve()
+    paths = [str(compat)] if compat else []
+    paths += [str(carla_root / "PythonAPI"), str(carla_root / "PythonAPI" / "carla"),
+              str(b2d / "leaderboard"), str(b2d / "scenario_runner")]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env.update({
+        "PYTHONPATH": os.pathsep.join(paths),
+        "CARLA_ROOT": str(carla_root),
+        "CARLA_SERVER": str(carla_root / "CarlaUE4.sh"),
+        "SCENARIO_RUNNER_ROOT": str(b2d / "scenario_runner"),
+        "LEADERBOARD_ROOT": str(b2d / "leaderboard"),
+        "CHALLENGE_TRACK_CODENAME": "SENSORS",
+        "IS_BENCH2DRIVE": "True",
+        "SAVE_PATH": str(Path(args.out).resolve() / "agent"),
+        "CUDA_VISIBLE_DEVICES": str(shard.gpu),
+    })
+    return env
+
+
+def _parse_int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise RunnerError(f"--{what} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise RunnerError(f"--{what} is empty")
+    return values
+
+
+def prepare(args) -> tuple[list[Shard], list, dict]:
+    """Validate inputs, write shard route files and the manifest; returns shards, routes, types."""
+    out = Path(args.out)
+    routes_path = Path(args.routes)
+    try:
+        routes = parse_routes(routes_path)
+    except RouteFileError as exc:
+        raise RunnerError(str(exc)) from None
+    if not routes:
+        raise RunnerError(f"route file {routes_path} has no <route>")
+    ports = _parse_int_list(args.ports, "ports")
+    gpus = _parse_int_list(args.gpus, "gpus")
+    if len(set(ports)) != len(ports):
+        raise RunnerError(f"--ports must be distinct (one CARLA server per port), got {ports}")
+    n = min(len(ports), len(routes))
+    evaluator = Path(args.evaluator) if args.evaluator else Path(args.bench2drive_root) / "leaderboard" / "leaderboard" / "leaderboard_evaluator.py"
+    if not evaluator.is_file():
+        raise RunnerError(f"leaderboard evaluator not found at {evaluator}; --bench2drive-root must be a Bench2Drive checkout")
+    args.evaluator = evaluator.resolve()
+    if not args.evaluator_is_fake and not (Path(args.carla_root) / "CarlaUE4.sh").is_file():
+        raise RunnerError(f"{Path(args.carla_root) / 'CarlaUE4.sh'} not found; --carla-root must be a CARLA 0.9.15 install")
+    if not Path(args.agent_config).is_file():
+        raise RunnerError(f"agent config {args.agent_config} does not exist")
+    manifest_path = out / MANIFEST
+    manifest = {"routes": str(routes_path.resolve()), "routes_sha256": _sha(routes_path), "shards": n}
+    if manifest_path.is_file():
+        old = json.loads(manifest_path.read_text())
+        if not args.resume:
+            raise RunnerError(f"{out} already holds a run ({manifest_path}); pass --resume to continue it or choose a new --out")
+        if old.get("routes_sha256") != manifest["routes_sha256"] or old.get("shards") != n:
+            raise RunnerError(f"cannot resume {out}: it was started with {old.get('shards')} shard(s) of {old.get('routes')}, "
+                              f"now {n} shard(s) of {routes_path}; use the same route file and number of ports")
+    out.mkdir(parents=True, exist_ok=True)
+    shard_files = [out / "routes" / f"shard_{k}.xml" for k in range(n)]
+    ids = split_route_file(routes_path, shard_files)
+    manifest["route_ids"] = ids
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    shards = []
+    for k in range(n):
+        d = out / f"shard_{k}"
+        d.mkdir(parents=True, exist_ok=True)
+        shards.append(Shard(index=k, port=ports[k], tm_port=ports[k] + args.tm_offset, gpu=gpus[k % len(gpus)],
+                            routes=shard_files[k], dir=d, route_ids=ids[k]))
+    return shards, routes, {r.id: r.scenario_type for r in routes}
+
+
+def _start(args, shard: Shard, compat: Optional[Path]) -> None:
+    resume = shard.checkpoint.is_file() and shard.checkpoint.stat().st_size > 0
+    cmd = evaluator_command(args, shard, resume)
+    shard.log = open(shard.dir / "evaluator.log", "a")
+    shard.log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+    shard.log.flush()
+    print(f"[shard {shard.index}] port {shard.port} gpu {shard.gpu}: {len(shard.route_ids)} routes"
+          f"{' (resuming)' if resume else ''}; log {shard.dir / 'evaluator.log'}", flush=True)
+    shard.proc = subprocess.Popen(cmd, cwd=str(Path(args.bench2drive_root).resolve()), env=evaluator_env(args, shard, compat),
+                                  stdout=shard.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop_all(shards: list[Shard], grace_s: float) -> None:
+    """SIGINT first (the evaluator then stops its route and its own CARLA server), SIGKILL after grace_s."""
+    live = [s for s in shards if s.proc is not None and s.proc.poll() is None]
+    for s in live:
+        try:
+            os.killpg(s.proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    for s in live:
+        try:
+            s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(s.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            s.proc.wait()
+
+
+def run(args) -> int:
+    shards, routes, types = prepare(args)
+    compat = write_compat(Path(args.out) / "compat") if (args.compat == "always" or (args.compat == "auto" and _needs_compat())) else None
+    if args.dry_run:
+        for s in shards:
+            print(" ".join(evaluator_command(args, s, s.checkpoint.is_file())))
+        return 0
+    pending = [s for s in shards if not s.done()]
+    for s in shards:
+        if s.done():
+            print(f"[shard {s.index}] already complete ({len(s.route_ids)} routes)", flush=True)
+    try:
+        for s in pending:
+            _start(args, s, compat)
+        while pending:
+            time.sleep(args.poll_s)
+            for s in list(pending):
+                rc = s.proc.poll()
+                if rc is None:
+                    continue
+                s.history.append(rc)
+                s.log.close()
+                if s.done():
+                    print(f"[shard {s.index}] finished (exit {rc})", flush=True)
+                    pending.remove(s)
+                elif s.restarts < args.max_restarts:
+                    s.restarts += 1
+                    print(f"[shard {s.index}] stopped with exit {rc} before its routes were done; "
+                          f"restart {s.restarts}/{args.max_restarts} with --resume", flush=True)
+                    _start(args, s, compat)
+                else:
+                    print(f"[shard {s.index}] gave up after {s.restarts} restarts (exit codes {s.history}); "
+                          f"its missing routes score 0. Continue later with --resume.", flush=True)
+                    pending.remove(s)
+    except KeyboardInterrupt:
+        print("interrupted: stopping evaluators (their CARLA servers stop with them); continue with --resume", flush=True)
+        _stop_all(shards, args.grace_s)
+        return 130
+    summary = score_dir(Path(args.out), routes_path=Path(args.routes))
+    incomplete = [s.index for s in shards if not s.done()]
+    return 0 if not incomplete and summary["num_routes"] == len(routes) else 3
+
+
+def score_dir(out: Path, routes_path: Optional[Path] = None) -> dict:
+    """Merge every shard checkpoint under `out`, write merged.json and summary.json, print the table."""
+    from wam_diff_core.eval.bench2drive import format_table
+
+    files = sorted(out.glob("shard_*/checkpoint.json")) + sorted(out.glob("extra_results/*.json"))
+    if not files:
+        raise RunnerError(f"no shard_*/checkpoint.json under {out}")
+    merged = results.merge_checkpoints(files)
+    (out / "merged.json").write_text(json.dumps(merged, indent=2))
+    if routes_path is None and (out / MANIFEST).is_file():
+        routes_path = Path(json.loads((out / MANIFEST).read_text())["routes"])
+    routes = parse_routes(routes_path) if routes_path else None
+    summary = results.score(merged["_checkpoint"]["records"],
+                            expected_ids=[r.id for r in routes] if routes else None,
+                            route_types={r.id: r.scenario_type for r in routes} if routes else None,
+                            agent_dir=out / "agent")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(format_table(summary), flush=True)
+    if "agent" in summary:
+        a = summary["agent"]
+        print(f"agent: {a['plans']} plans, {a['invalid_plans']} invalid, {a['late_plans']} late, "
+              f"{a['brake_ticks']} of {a['ticks']} ticks braking for lack of a plan", flush=True)
+    print(f"wrote {out / 'merged.json'} and {out / 'summary.json'}", flush=True)
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG
+
+    p = argparse.ArgumentParser(prog="wam-diff-bench2drive", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the leaderboard evaluator with the WAM-Diff agent, then merge and score")
+    r.add_argument("--routes", required=True, help="Bench2Drive route XML (e.g. leaderboard/data/bench2drive220.xml)")
+    r.add_argument("--bench2drive-root", required=True, help="Bench2Drive checkout (leaderboard/, scenario_runner/)")
+    r.add_argument("--carla-root", default=os.environ.get("CARLA_ROOT", ""), help="CARLA 0.9.15 install (CarlaUE4.sh)")
+    r.add_argument("--out", required=True, help="run directory (shards, checkpoints, agent logs, merged results)")
+    r.add_argument("--agent-config", default=str(DEFAULT_CONFIG), help="agent YAML (model, sensors, rates)")
+    r.add_argument("--ports", default="2000", help="comma-separated CARLA RPC ports, one server + evaluator each")
+    r.add_argument("--gpus", default="0", help="comma-separated GPU ranks, assigned round-robin to the ports")
+    r.add_argument("--tm-offset", type=int, default=6000, help="traffic manager port = CARLA port + this")
+    r.add_argument("--timeout", type=float, default=600.0, help="CARLA client timeout in the evaluator, seconds")
+    r.add_argument("--resume", action="store_true", help="continue the run in --out")
+    r.add_argument("--max-restarts", type=int, default=3, help="restarts per shard after a crash")
+    r.add_argument("--compat", choices=("auto", "always", "never"), default="auto",
+                   help="pkg_resources shim for the evaluator's CARLA version check (auto: only when needed)")
+    r.add_argument("--evaluator", default="", help=argparse.SUPPRESS)  # tests: a stand-in evaluator script
+    r.add_argument("--poll-s", type=float, default=2.0, help=argparse.SUPPRESS)
+    r.add_argument("--grace-s", type=float, default=30.0, help=argparse.SUPPRESS)
+    r.add_argument("--dry-run", action="store_true", help="print the evaluator commands and exit")
+    s = sub.add_parser("score", help="merge the shard checkpoints in --out and score them")
+    s.add_argument("--out", required=True)
+    s.add_argument("--routes", default=None, help="route XML (default: the one recorded in --out/run.json)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "run":
+            args.evaluator_is_fake = bool(args.evaluator)
+            return run(args)
+        score_dir(Path(args.out), Path(args.routes) if args.routes else None)
+        return 0
+    except (RunnerError, RouteFileError, results.ResultsError) as exc:
+        print(f"wam-diff-bench2drive: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
