@@ -22,6 +22,14 @@ GO_ACCEL_MPS2 = 2.0
 MOVING_MPS = 0.5
 STOP_MARGIN_M = 2.0
 MAX_YIELD_DECEL = 7.0
+MERGE_LOOKAHEAD_M = 150.0
+A_LAT_MAX = 3.5          # m/s^2, comfort bound is 4.89
+YAW_RATE_MAX = 0.8       # rad/s, comfort bound is 0.95
+LAT_JERK_MAX = 8.0       # m/s^3
+LON_JERK_MAX = 3.0       # m/s^3, comfort bound is 4.13
+EMERGENCY_DECEL = 3.0    # m/s^2
+MERGE_MIN_GAP_M = 8.0
+MERGE_MAX_IMPOSED_BRAKE = 2.0
 
 
 def is_junction_lane(lane_index) -> bool:
@@ -34,7 +42,17 @@ class ExpertVehicle(IDMVehicle):
     """IDM/MOBIL with junction yielding; never reverses. Set `junction = True` on junction routes."""
 
     junction = False
+    dt = 0.1  # simulation step (s); the world sets it
+    obey_regulation_in_junction = True
+    conflict_window_s = CONFLICT_TIME_WINDOW_S
+    conflict_distance_m = CONFLICT_DISTANCE_M
     # the expert's own comfort limits (the intersection env rewrites IDMVehicle's class constants)
+    # gentler lateral control than highway-env's default (lane changes broke the comfort bounds)
+    TAU_LATERAL = 1.2
+    KP_LATERAL = 1.0 / TAU_LATERAL
+    TAU_HEADING = 0.3
+    KP_HEADING = 1.0 / TAU_HEADING
+    TAU_PURSUIT = 0.5 * TAU_HEADING
     COMFORT_ACC_MAX = 2.0
     COMFORT_ACC_MIN = -4.0
     DISTANCE_WANTED = 5.0 + 5.0
@@ -42,9 +60,11 @@ class ExpertVehicle(IDMVehicle):
     def act(self, action=None):
         # the road's right-of-way regulation may freeze any IDM vehicle (target speed 0), even inside
         # the junction; the expert decides its own yielding instead.
-        if getattr(self, "is_yielding", False):
+        if getattr(self, "is_yielding", False) and not (self.obey_regulation_in_junction and is_junction_lane(self.lane_index)):
             self.is_yielding = False
             self.target_speed = getattr(self, "cruise_speed", self.target_speed) or 10.0
+        if not self.crashed:
+            self._mandatory_lane_change()
         super().act(action)
         if self.crashed:
             return
@@ -54,8 +74,32 @@ class ExpertVehicle(IDMVehicle):
             if a_yield is not None:
                 self.action["acceleration"] = min(self.action["acceleration"], a_yield)
                 self.yielding = True
+        self._smooth_action()
         if self.speed <= 0.0 and self.action["acceleration"] < 0.0:
             self.action["acceleration"] = 0.0
+
+    def _smooth_action(self) -> None:
+        """Comfort limits on top of IDM/MOBIL: lateral acceleration (steering bound from the speed),
+        steering rate (lateral jerk) and longitudinal jerk; braking harder than EMERGENCY_DECEL is
+        never delayed."""
+        dt = self.dt
+        v = max(abs(self.speed), 1.0)
+        # yaw rate = v sin(beta) / (L/2), beta = atan(tan(steer) / 2); bound v * yaw rate by A_LAT_MAX
+        yaw_rate_max = min(A_LAT_MAX / v, YAW_RATE_MAX)
+        sin_beta = min(yaw_rate_max * (self.LENGTH / 2) / v, 0.99)
+        steer_max = float(np.arctan(2.0 * np.tan(np.arcsin(sin_beta))))
+        steer = float(np.clip(self.action["steering"], -steer_max, steer_max))
+        rate = LAT_JERK_MAX * self.LENGTH / (v * v)  # lateral jerk ~ v^2 steer_rate / L
+        prev_steer = getattr(self, "_prev_steer", steer)
+        steer = float(np.clip(steer, prev_steer - max(rate, 0.02) * dt, prev_steer + max(rate, 0.02) * dt))
+        self.action["steering"] = steer
+        self._prev_steer = steer
+        acc = float(self.action["acceleration"])
+        prev_acc = getattr(self, "_prev_acc", acc)
+        if not (acc < prev_acc and acc < -EMERGENCY_DECEL):
+            acc = float(np.clip(acc, prev_acc - LON_JERK_MAX * dt, prev_acc + LON_JERK_MAX * dt))
+        self.action["acceleration"] = acc
+        self._prev_acc = acc
 
     def step(self, dt: float):
         super().step(dt)
@@ -63,6 +107,29 @@ class ExpertVehicle(IDMVehicle):
             self.speed = 0.0
 
     # ------------------------------------------------------------------
+    def _mandatory_lane_change(self) -> None:
+        """Leave a lane that ends (a merge's acceleration lane) towards the lane on its left once the
+        gap there is safe, instead of steering off the lane's end."""
+        a, b, k = self.lane_index
+        if self.target_lane_index != self.lane_index or k == 0 or a.startswith(("ir", "il")):
+            return
+        nxt = self.road.network.graph.get(b, {})
+        if not nxt or all(k < len(lanes) for lanes in nxt.values()):
+            return
+        s, _ = self.lane.local_coordinates(self.position)
+        if self.lane.length - s > MERGE_LOOKAHEAD_M:
+            return
+        candidate = (a, b, k - 1)
+        front, rear = self.road.neighbour_vehicles(self, candidate)
+        if front is not None and self.lane_distance_to(front) < max(MERGE_MIN_GAP_M, 0.5 * self.speed):
+            return
+        if rear is not None:
+            if -self.lane_distance_to(rear) < MERGE_MIN_GAP_M:
+                return
+            if self.acceleration(ego_vehicle=rear, front_vehicle=self) < -MERGE_MAX_IMPOSED_BRAKE:
+                return
+        self.target_lane_index = candidate
+
     def _distance_to_junction(self) -> float | None:
         """Metres along the route to the first junction lane; None once inside (committed)."""
         net = self.road.network
@@ -98,7 +165,7 @@ class ExpertVehicle(IDMVehicle):
                          for d in dist])
 
     def _conflicts(self, own: np.ndarray) -> bool:
-        dt_pairs = np.abs(PREDICT_TIMES_S[:, None] - PREDICT_TIMES_S[None, :]) <= CONFLICT_TIME_WINDOW_S
+        dt_pairs = np.abs(PREDICT_TIMES_S[:, None] - PREDICT_TIMES_S[None, :]) <= self.conflict_window_s
         for v in self.road.vehicles:
             if v is self or np.linalg.norm(v.position - self.position) > 100.0:
                 continue
@@ -115,7 +182,7 @@ class ExpertVehicle(IDMVehicle):
             else:
                 other = v.position[None] + np.outer(PREDICT_TIMES_S, v.velocity)
             d = np.linalg.norm(own[:, None, :] - other[None, :, :], axis=-1)
-            if (d[dt_pairs] < CONFLICT_DISTANCE_M).any():
+            if (d[dt_pairs] < self.conflict_distance_m).any():
                 return True
         return False
 

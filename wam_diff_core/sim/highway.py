@@ -93,6 +93,11 @@ def _junction_first_priorities(v1, v2):
         return v2
     if in2 and not in1:
         return v1
+    if in1 and in2:
+        # both inside: the one that entered first goes on
+        e1, e2 = getattr(v1, "junction_entry_t", 0.0), getattr(v2, "junction_entry_t", 0.0)
+        if e1 != e2:
+            return v2 if e1 < e2 else v1
     return RegulatedRoad.respect_priorities(v1, v2)
 
 
@@ -220,6 +225,7 @@ class HighwayWorld:
             ego.target_speed = float(r.options.get("target_speed", self._speed_limit(old)))
             ego.cruise_speed = ego.target_speed
             ego.junction = r.scenario in JUNCTION_SCENARIOS
+            ego.dt = 1.0 / self.sim_hz
         else:
             ego = PolicyVehicle(road, old.position.copy(), heading=old.heading, speed=old.speed)
             ego.action = {"steering": 0.0, "acceleration": 0.0}
@@ -255,6 +261,7 @@ class HighwayWorld:
         old.position = lane.position(s0, 0.0)
         old.heading = lane.heading_at(s0)
         old.speed = float(self.route.options.get("ego_speed", 20.0))
+        old.target_lane_index = ("j", "k", 0)
         old.on_state_update()
         # the ramp must be free around the ego
         self.env.road.vehicles = [v for v in self.env.road.vehicles
@@ -331,6 +338,12 @@ class HighwayWorld:
             road.act()
             road.step(1.0 / self.sim_hz)
         if self.route.scenario == "intersection":
+            for v in road.vehicles:
+                if _in_junction(v):
+                    if not hasattr(v, "junction_entry_t"):
+                        v.junction_entry_t = self._t
+                elif hasattr(v, "junction_entry_t"):
+                    del v.junction_entry_t
             self.env._clear_vehicles()
             self.env._spawn_vehicle(spawn_probability=self.env.config["spawn_probability"])
         self._t += self.dt
