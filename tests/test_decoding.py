@@ -64,11 +64,11 @@ def test_ar_decoder_equals_block_decoder_with_block_size_one_on_a_padded_batch(n
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static", "sequential"])
 def test_fused_commit_is_token_identical_to_a_separate_commit_forward(nano, runner, camera_image, block_size, strategy):
     batch = _batch(nano, camera_image, PROMPTS[:1])
-    kw = dict(block_size=block_size, steps=4, strategy=strategy, threshold=0.5, max_new_tokens=64, ignore_eos=True)
+    kw = dict(block_size=block_size, steps=4, strategy=strategy, threshold=0.5, max_new_tokens=40, ignore_eos=True)
     fused = _decode(runner, nano, batch, fuse_commit=True, **kw)
     separate = _decode(runner, nano, batch, fuse_commit=False, **kw)
     assert fused.token_ids == separate.token_ids
-    n_blocks = -(-64 // block_size)
+    n_blocks = -(-40 // block_size)
     assert separate.forwards - fused.forwards == n_blocks - 1
 
 
@@ -178,3 +178,12 @@ def test_changing_one_token_changes_only_its_own_and_later_blocks(nano, runner, 
     assert per_position[: L + 2 * B].max().item() <= 1e-6  # prompt and blocks 0, 1: untouched
     assert per_position[L + 2 * B: L + 3 * B].min().item() > 1e-3  # every position of its own block moves
     assert per_position[L + 3 * B:].min().item() > 1e-3  # and of the later block
+
+
+def test_flex_backend_decodes_the_same_tokens_as_sdpa(nano, camera_image):
+    flex_model = copy.deepcopy(nano.model)
+    flex_runner = ModelRunner(flex_model, "flex")
+    sdpa_runner = ModelRunner(copy.deepcopy(nano.model), "sdpa")
+    batch = _batch(nano, camera_image, PROMPTS)
+    kw = dict(block_size=4, steps=2, strategy="low_confidence_static", ignore_eos=True, max_new_tokens=12)
+    assert _decode(flex_runner, nano, batch, **kw).token_ids == _decode(sdpa_runner, nano, batch, **kw).token_ids

@@ -7,6 +7,7 @@ checkpoints load through the same code.
 from __future__ import annotations
 
 import random
+from functools import lru_cache
 
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -71,8 +72,8 @@ def _corpus(num_samples: int, seed: int) -> list[str]:
     return texts
 
 
-def train_nano_tokenizer(vocab_size: int, seed: int = 0, num_samples: int = 400) -> PreTrainedTokenizerFast:
-    """Train the nano BPE tokenizer deterministically; `vocab_size` includes the special tokens."""
+@lru_cache(maxsize=4)
+def _trained_bpe_json(vocab_size: int, seed: int, num_samples: int) -> str:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -88,8 +89,14 @@ def train_nano_tokenizer(vocab_size: int, seed: int = 0, num_samples: int = 400)
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(num_samples, seed), trainer=trainer)
+    return tok.to_str()
+
+
+def train_nano_tokenizer(vocab_size: int, seed: int = 0, num_samples: int = 400) -> PreTrainedTokenizerFast:
+    """Train the nano BPE tokenizer deterministically; `vocab_size` includes the special tokens.
+    (Training runs once per process; later calls rebuild from the cached result.)"""
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=Tokenizer.from_str(_trained_bpe_json(vocab_size, seed, num_samples)),
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
         additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (PAD_TOKEN, EOS_TOKEN)],

@@ -1,0 +1,44 @@
+import json
+
+import pytest
+
+from wam_diff_core.cli import main
+
+
+def test_bench_writes_rows_with_exact_forward_counts(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--model", "nano", "--block-sizes", "1,4", "--steps", "2", "--new-tokens", "8",
+               "--repeats", "1", "--out", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == "nano" and result["params"] > 5e6
+    ar, block = result["rows"]
+    for row in (ar, block):
+        assert set(row) >= {"block_size", "steps", "batch_size", "tokens_per_s", "ms_per_token", "forwards_per_token",
+                            "speedup_vs_ar", "peak_mem_mb"}
+    assert (ar["block_size"], ar["speedup_vs_ar"]) == (1, 1.0)
+    assert ar["forwards_per_token"] == pytest.approx(7 / 8)  # the first token comes from the prefill
+    assert block["forwards_per_token"] == pytest.approx(4 / 8)  # 2 blocks x K = 2, commits fused
+    assert block["forwards_per_token_unfused"] == pytest.approx(5 / 8)  # + 1 separate commit forward
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_decode_prints_a_plan_as_json(capsys):
+    rc = main(["decode", "--model", "nano", "--block-size", "8", "--steps", "2", "--max-new-tokens", "16"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    plan = json.loads(out[out.index("{"):])
+    assert plan["valid"] is False  # random weights
+    assert plan["tokens"] == 16 and plan["forwards"] == 1 + 2 * 2
+    assert set(plan["timings_ms"]) >= {"vision", "prefill", "denoise", "total"}
+
+
+def test_unknown_command_exits_with_usage_error():
+    with pytest.raises(SystemExit) as exc:
+        main(["fly"])
+    assert exc.value.code == 2
+
+
+def test_bad_block_size_list_is_named(tmp_path):
+    with pytest.raises(ValueError, match="x,y"):
+        main(["bench", "--block-sizes", "x,y", "--out", str(tmp_path / "b.json")])
