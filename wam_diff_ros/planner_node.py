@@ -49,6 +49,9 @@ from .planning_worker import PlanningWorker
 
 NODE_NAME = "wam_diff_planner"
 
+# Tasks answered on every frame set; QA is asked through the AskQuestion service instead.
+PLAN_TASKS = tuple(t for t in TASKS if t != "qa")
+
 # name -> (default, description). Types follow the defaults.
 PARAMETERS = {
     "model": ("nano", "model preset name (e.g. 'nano') or local checkpoint directory; 'fake' = no model (wiring tests)"),
@@ -60,7 +63,7 @@ PARAMETERS = {
     "remasking_strategy": ("low_confidence_dynamic", "low_confidence_dynamic, low_confidence_static or sequential"),
     "remasking_threshold": (0.9, "confidence threshold of low_confidence_dynamic"),
     "max_new_tokens": (0, "token budget per answer; 0 = the model's default"),
-    "tasks": (["planning"], f"tasks run on every frame set, subset of {list(TASKS)}"),
+    "tasks": (["planning"], f"tasks run on every frame set, subset of {list(PLAN_TASKS)}"),
     "camera_topics": (["/camera/image_raw"], "camera topics in prompt order; '/compressed' suffix = CompressedImage"),
     "image_reliability": ("best_effort", "camera QoS reliability: best_effort or reliable (depth is always 1)"),
     "sync_slop_s": (0.05, "largest stamp spread accepted between matched cameras, seconds"),
@@ -254,8 +257,8 @@ class PlannerNode(LifecycleNode):
         if not p["camera_topics"] or any(not t for t in p["camera_topics"]):
             raise ValueError(f"camera_topics must be a non-empty list of topic names, got {p['camera_topics']}")
         p["tasks"] = tuple(str(t) for t in (p["tasks"] or []))
-        if not p["tasks"] or any(t not in TASKS for t in p["tasks"]):
-            raise ValueError(f"tasks must be a non-empty subset of {list(TASKS)}, got {list(p['tasks'])}")
+        if not p["tasks"] or any(t not in PLAN_TASKS for t in p["tasks"]):
+            raise ValueError(f"tasks must be a non-empty subset of {list(PLAN_TASKS)}, got {list(p['tasks'])}")
         reliability = {"best_effort": ReliabilityPolicy.BEST_EFFORT, "reliable": ReliabilityPolicy.RELIABLE}
         if p["image_reliability"] not in reliability:
             raise ValueError(f"image_reliability must be one of {list(reliability)}, got {p['image_reliability']!r}")
@@ -296,8 +299,8 @@ class PlannerNode(LifecycleNode):
         if frame_set is None:
             return
         self._latest = (frame_set, received)
-        worker.submit((frame_set, received))
-        self.stats.set_count("frames_dropped", worker.dropped)
+        if worker.submit((frame_set, received)):
+            self.stats.count("frames_dropped")  # replaced a set the worker never took
 
     def _on_odometry(self, msg: Odometry) -> None:
         t = stamp_to_ns(msg.header.stamp) * 1e-9
@@ -377,8 +380,6 @@ class PlannerNode(LifecycleNode):
             pubs["detections"].publish(detections_msg(plan.detections, camera_header))
         stamp_age_s = (self.get_clock().now().nanoseconds - frame_set.stamp_ns) * 1e-9
         self.stats.plan_done(time.monotonic() - received, policy_s, stamp_age_s, plan.valid)
-        if self._worker is not None:
-            self.stats.set_count("frames_dropped", self._worker.dropped)
 
     def _ask(self, job: tuple[str, FrameSet]):
         question, frame_set = job

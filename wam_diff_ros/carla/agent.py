@@ -23,12 +23,11 @@ from typing import Optional
 
 import numpy as np
 
-from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S
 from wam_diff_core.control import Controller
 from wam_diff_core.types import EgoState, Plan
 from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG, AgentConfig
-from wam_diff_ros.carla.frames import (GeoProjection, compass_to_heading, ego_state_from_imu, ego_to_world,
-                                       world_to_ego)
+from wam_diff_ros.carla.frames import GeoProjection, compass_to_heading, ego_state_from_imu
+from wam_diff_ros.carla.plan_tracking import HeldPlan, shift_plan, valid_trajectory  # noqa: F401 (shift_plan re-exported)
 from wam_diff_ros.carla.route_planner import RoutePlanner
 
 try:  # inside the leaderboard evaluator
@@ -72,20 +71,6 @@ def _xy(point) -> tuple[float, float]:
     return float(point[0]), float(point[1])
 
 
-def shift_plan(trajectory: np.ndarray, age_s: float) -> np.ndarray:
-    """The plan's waypoints as seen `age_s` seconds after it was made, in the planning ego frame:
-    positions at age + k * WAYPOINT_DT_S (k = 1..8), linearly extrapolated past the horizon."""
-    pts = np.vstack([[0.0, 0.0], np.asarray(trajectory, dtype=np.float64)])
-    times = np.arange(NUM_WAYPOINTS + 1) * WAYPOINT_DT_S
-    query = age_s + np.arange(1, NUM_WAYPOINTS + 1) * WAYPOINT_DT_S
-    out = np.stack([np.interp(query, times, pts[:, i]) for i in range(2)], axis=1)
-    beyond = query > times[-1]
-    if beyond.any():
-        vel = (pts[-1] - pts[-2]) / WAYPOINT_DT_S
-        out[beyond] = pts[-1] + (query[beyond] - times[-1])[:, None] * vel
-    return out
-
-
 class WamDiffAgent(AutonomousAgent):
     """Leaderboard agent API: setup(conf), sensors(), run_step(input_data, timestamp), destroy()."""
 
@@ -111,10 +96,7 @@ class WamDiffAgent(AutonomousAgent):
         self.metric_info: dict[int, dict] = {}
         self._route: Optional[RoutePlanner] = None
         self._geo: Optional[GeoProjection] = None
-        self._plan_traj: Optional[np.ndarray] = None  # (8, 2) ego frame of the planning tick
-        self._plan_origin = np.zeros(2)                # planning ego pose, right-handed world
-        self._plan_heading = 0.0
-        self._plan_time = 0.0
+        self._held: Optional[HeldPlan] = None
         self._heading = 0.0
         self._last_control = None
         self._comfort_every = max(1, int(round(self.config.sim_hz / self.config.comfort_hz)))
@@ -159,25 +141,16 @@ class WamDiffAgent(AutonomousAgent):
         wall = time.perf_counter() - start
         self.plan_wall_s.append(wall)
         traj = plan.trajectory
-        if not plan.valid or traj is None or np.shape(traj) != (NUM_WAYPOINTS, 2) or not np.isfinite(traj).all():
+        if not plan.valid or not valid_trajectory(traj):
             self.stats["invalid_plans"] += 1
             self.last_errors = (self.last_errors + ["; ".join(f"{k}: {v}" for k, v in plan.errors.items()) or "invalid"])[-5:]
-            self._plan_traj = None
+            self._held = None
         elif self.config.late_plan_s is not None and wall > self.config.late_plan_s:
             self.stats["late_plans"] += 1
-            self._plan_traj = None
+            self._held = None
         else:
             self.stats["valid_plans"] += 1
-            self._plan_traj = np.asarray(traj, dtype=np.float64)
-            self._plan_origin, self._plan_heading, self._plan_time = ego_rh.copy(), heading, timestamp
-
-    def _current_waypoints(self, ego_rh: np.ndarray, heading: float, timestamp: float):
-        """The held plan, time-shifted to now and in the current ego frame; (None, 0) without a plan."""
-        if self._plan_traj is None:
-            return None, 0.0
-        age = max(0.0, timestamp - self._plan_time)
-        world = ego_to_world(shift_plan(self._plan_traj, age), self._plan_origin, self._plan_heading)
-        return world_to_ego(world, ego_rh, heading), age
+            self._held = HeldPlan(np.asarray(traj, dtype=np.float64), ego_rh.copy(), heading, timestamp)
 
     # ---------------------------------------------------------------- leaderboard API
     def run_step(self, input_data, timestamp):
@@ -197,7 +170,7 @@ class WamDiffAgent(AutonomousAgent):
         self.commands[target.command] += 1
         if tick % cfg.plan_every_ticks == 0:
             self._plan(input_data, ego, target.command, ego_rh, heading, float(timestamp))
-        waypoints, age = self._current_waypoints(ego_rh, heading, float(timestamp))
+        waypoints, age = self._held.waypoints(ego_rh, heading, float(timestamp)) if self._held else (None, 0.0)
         control = self.controller.step(waypoints, speed, cfg.dt, plan_age_s=age)
         if control.reason in ("invalid plan", "stale plan"):
             self.stats["brake_ticks"] += 1
