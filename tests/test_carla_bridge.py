@@ -1,0 +1,195 @@
+"""CARLA connection errors (no server, hung server), session cleanup, bridge odometry, with the real client."""
+import copy
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+carla = pytest.importorskip("carla")
+
+from wam_diff_ros.carla.session import CarlaConnectionError, CarlaSession, SessionConfig, connect  # noqa: E402
+from wam_diff_ros.carla_bridge_node import DEFAULT_CONFIG, BridgeConfig, PoseHistory, odometry_fields  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_server_bridge_exits_with_clear_error_and_leaves_no_process():
+    port = free_port()
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "wam_diff_ros.carla_bridge_node", "--host", "127.0.0.1",
+                             "--port", str(port), "--timeout", "1.0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2
+    assert f"127.0.0.1:{port}" in err and "1 s" in err and "Traceback" not in err
+    assert time.monotonic() - start < 30
+    with pytest.raises(ProcessLookupError):  # nothing of its process group is left
+        os.killpg(proc.pid, 0)
+
+
+def test_hung_server_fails_within_the_client_timeout():
+    # a socket that listens but never answers: the TCP handshake succeeds, the RPC never returns
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(CarlaConnectionError, match=rf"127\.0\.0\.1:{port} within the 1\.5 s client timeout"):
+            connect("127.0.0.1", port, 1.5)
+        elapsed = time.monotonic() - start
+    assert 1.4 < elapsed < 15.0
+
+
+# ------------------------------------------------------------------ session with a fake world
+
+class FakeActor:
+    def __init__(self, world, kind, tf, fail_destroy=False):
+        self.world, self.kind, self.tf = world, kind, tf
+        self.alive, self.listening, self.callback, self.fail_destroy = True, False, None, fail_destroy
+        self.controls = []
+
+    def listen(self, cb):
+        self.listening, self.callback = True, cb
+
+    def stop(self):
+        self.listening = False
+
+    def destroy(self):
+        if self.fail_destroy:
+            raise RuntimeError("server said no")
+        self.alive = False
+
+    def apply_control(self, c):
+        self.controls.append(c)
+
+    def get_transform(self):
+        return carla.Transform(carla.Location(x=10.0, y=20.0, z=0.5), carla.Rotation(yaw=90.0))
+
+    def get_velocity(self):
+        return carla.Vector3D(0.0, 5.0, 0.0)
+
+    def get_acceleration(self):
+        return carla.Vector3D(0.0, 1.0, 0.0)
+
+    def get_angular_velocity(self):
+        return carla.Vector3D(0.0, 0.0, 0.0)
+
+
+class FakeWorld:
+    def __init__(self, fail_on=None):
+        self.settings = SimpleNamespace(synchronous_mode=False, fixed_delta_seconds=None)
+        self.applied, self.actors, self.frame, self.fail_on = [], [], 0, fail_on
+
+    def get_settings(self):
+        return copy.copy(self.settings)
+
+    def apply_settings(self, s):
+        self.settings = copy.copy(s)
+        self.applied.append((s.synchronous_mode, s.fixed_delta_seconds))
+
+    def get_blueprint_library(self):
+        return SimpleNamespace(find=lambda name: SimpleNamespace(name=name, attrs={}, set_attribute=lambda k, v: None))
+
+    def get_map(self):
+        return SimpleNamespace(get_spawn_points=lambda: [carla.Transform()])
+
+    def spawn_actor(self, bp, tf, attach_to=None):
+        if bp.name == self.fail_on:
+            raise RuntimeError(f"cannot spawn {bp.name}")
+        a = FakeActor(self, bp.name, tf)
+        self.actors.append(a)
+        return a
+
+    def tick(self):
+        self.frame += 1
+        for a in self.actors:
+            if a.callback:
+                a.callback(SimpleNamespace(frame=self.frame, height=2, width=3, raw_data=bytes(range(24))))
+        return self.frame
+
+    def get_snapshot(self):
+        return SimpleNamespace(timestamp=SimpleNamespace(elapsed_seconds=self.frame * 0.05))
+
+
+SENSORS = [{"type": "sensor.camera.rgb", "id": "cam", "x": 0.8, "y": 0.0, "z": 1.6, "roll": 0, "pitch": 0, "yaw": 0,
+            "width": 3, "height": 2, "fov": 90}]
+
+
+def test_session_runs_synchronous_fixed_steps_and_cleans_up_on_exit():
+    world = FakeWorld()
+    with CarlaSession(None, world, SessionConfig(sensors=SENSORS)) as s:
+        assert (world.settings.synchronous_mode, world.settings.fixed_delta_seconds) == (True, 0.05)
+        data = s.tick()
+        assert data["cam"].shape == (2, 3, 4) and data["cam"].dtype == np.uint8
+        assert data["ego"]["speed"] == pytest.approx(5.0, abs=1e-6)  # yaw 90 moving along +y
+        s.apply_control(0.3, -0.1, 0.0)
+    assert all(not a.alive for a in world.actors) and not any(a.listening for a in world.actors)
+    assert world.settings.synchronous_mode is False and world.settings.fixed_delta_seconds is None
+    assert isinstance(world.actors[0].controls[0], carla.VehicleControl)
+
+
+def test_session_error_midway_destroys_spawned_actors_and_restores_async():
+    world = FakeWorld(fail_on="sensor.camera.rgb")
+    with pytest.raises(RuntimeError, match="cannot spawn"):
+        with CarlaSession(None, world, SessionConfig(sensors=SENSORS)):
+            pass
+    assert len(world.actors) == 1 and not world.actors[0].alive  # the ego
+    assert world.applied[-1] == (False, None)
+
+
+def test_session_error_in_the_loop_still_cleans_up_even_if_a_destroy_fails():
+    world = FakeWorld()
+    with pytest.raises(ZeroDivisionError):
+        with CarlaSession(None, world, SessionConfig(sensors=SENSORS)) as s:
+            world.actors[1].fail_destroy = True  # the camera
+            s.tick()
+            1 / 0
+    assert not world.actors[0].alive and world.applied[-1] == (False, None)
+
+
+# ------------------------------------------------------------------ bridge helpers
+
+def test_odometry_is_right_handed_pose_and_ego_frame_twist():
+    ego = {"x": 10.0, "y": 20.0, "z": 0.5, "yaw_deg": 90.0, "velocity": (0.0, 5.0, 0.0),
+           "acceleration": (0.0, 0.0, 0.0), "angular_velocity_deg": (0.0, 0.0, 30.0), "speed": 5.0}
+    o = odometry_fields(ego)
+    assert (o["x"], o["y"]) == (10.0, -20.0) and o["heading"] == pytest.approx(-math.pi / 2)
+    assert o["vx"] == pytest.approx(5.0) and o["vy"] == pytest.approx(0.0, abs=1e-12)
+    assert o["yaw_rate"] == pytest.approx(-math.radians(30.0))  # CARLA +z turns right
+
+
+def test_pose_history_returns_the_pose_nearest_the_trajectory_stamp():
+    h = PoseHistory(keep_s=1.02)
+    for k in range(40):
+        h.add(k * 0.05, (k, 0.0), 0.1 * k)
+    assert h.at(1.52)[0] == (30, 0.0)
+    assert h.at(0.0)[0] == (19, 0.0)  # older poses were dropped: the oldest kept one
+
+
+def test_bridge_config_loads_and_rejects_unknown_topics(tmp_path):
+    cfg = BridgeConfig.load(DEFAULT_CONFIG, port=2345)
+    assert cfg.port == 2345 and cfg.fixed_delta_s == 0.05 and cfg.topics == {"rgb_front": "/camera/image_raw"}
+    bad = tmp_path / "b.yaml"
+    bad.write_text(DEFAULT_CONFIG.read_text().replace("rgb_front: /camera/image_raw", "rgb_back: /x"))
+    with pytest.raises(ValueError, match="rgb_back"):
+        BridgeConfig.load(bad)
+
+
+def test_clock_message_type_is_available_for_the_bridge():
+    clock = pytest.importorskip("rosgraph_msgs.msg")
+    assert hasattr(clock, "Clock")
