@@ -193,3 +193,88 @@ def test_bridge_config_loads_and_rejects_unknown_topics(tmp_path):
 def test_clock_message_type_is_available_for_the_bridge():
     clock = pytest.importorskip("rosgraph_msgs.msg")
     assert hasattr(clock, "Clock")
+
+
+# ------------------------------------------------------------------ bridge over real rclpy with a fake world
+
+def test_bridge_publishes_image_odometry_clock_and_drives_from_trajectories(monkeypatch):
+    import itertools
+    import random
+    import threading
+
+    rclpy = pytest.importorskip("rclpy")
+    pytest.importorskip("wam_diff_msgs")
+    from nav_msgs.msg import Odometry
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+    from rosgraph_msgs.msg import Clock
+    from sensor_msgs.msg import Image
+    from wam_diff_msgs.msg import Trajectory, TrajectoryPoint
+
+    from wam_diff_ros.carla_bridge_node import run_bridge
+
+    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    monkeypatch.delenv("ROS_STATIC_PEERS", raising=False)
+    ctx = Context()
+    rclpy.init(context=ctx, domain_id=random.Random(os.getpid() + 7).randrange(150, 230))
+    world = FakeWorld()
+    cfg = BridgeConfig.load(DEFAULT_CONFIG, realtime_factor=0.5, max_ticks=2000)
+    cfg.sensors = [dict(SENSORS[0], id="rgb_front")]
+    stop = threading.Event()
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("rc", run_bridge(
+        cfg, connect_fn=lambda h, p, t: (None, world), context=ctx, stop=stop)), daemon=True)
+    probe = rclpy.create_node("probe", context=ctx)
+    ex = SingleThreadedExecutor(context=ctx)
+    ex.add_node(probe)
+    got = {"odom": [], "clock": [], "image": []}
+    probe.create_subscription(Odometry, "/odom", got["odom"].append, 10)
+    probe.create_subscription(Clock, "/clock", got["clock"].append, 10)
+    probe.create_subscription(Image, "/camera/image_raw", got["image"].append, 1)
+    pub = probe.create_publisher(Trajectory, "trajectory", 10)
+
+    def wait(cond, what, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            ex.spin_once(timeout_sec=0.02)
+
+    def trajectory(speed, valid=True):
+        clock = got["clock"][-1].clock
+        msg = Trajectory(valid=valid, command="follow lane")
+        msg.header.stamp = clock
+        if valid:
+            for k in range(1, 9):
+                p = TrajectoryPoint()
+                p.pose.position.x = speed * 0.5 * k
+                msg.points.append(p)
+        return msg
+
+    thread.start()
+    try:
+        wait(lambda: got["odom"] and len(got["clock"]) > 2 and got["image"], "bridge outputs")
+        img = got["image"][-1]
+        assert (img.encoding, img.height, img.width) == ("rgb8", 2, 3)
+        assert bytes(img.data[:3]) == bytes([2, 1, 0])  # first BGRA pixel 0,1,2,3 -> RGB 2,1,0
+        odom = got["odom"][-1]
+        assert (odom.pose.pose.position.x, odom.pose.pose.position.y) == (10.0, -20.0)
+        assert odom.pose.pose.orientation.z == pytest.approx(math.sin(-math.pi / 4))
+        assert odom.twist.twist.linear.x == pytest.approx(5.0) and odom.child_frame_id == "base_link"
+        t = [c.clock.sec + c.clock.nanosec * 1e-9 for c in got["clock"]]
+        assert np.allclose(np.diff(t[-3:]), 0.05)
+        ego = world.actors[0]
+        assert ego.controls[-1].brake > 0.0 and ego.controls[-1].throttle == 0.0  # no plan yet: brake
+        wait(lambda: pub.get_subscription_count() >= 1, "bridge subscription")
+        pub.publish(trajectory(10.0))  # faster than the ego's 5 m/s: throttle
+        wait(lambda: ego.controls[-1].throttle > 0.0, "throttle from a valid trajectory")
+        assert ego.controls[-1].brake == 0.0
+        pub.publish(trajectory(0.0, valid=False))
+        wait(lambda: ego.controls[-1].brake > 0.0 and ego.controls[-1].throttle == 0.0, "brake on an invalid trajectory")
+    finally:
+        stop.set()
+        thread.join(10.0)
+        ex.shutdown(timeout_sec=1.0)
+        probe.destroy_node()
+        rclpy.try_shutdown(context=ctx)
+    assert result.get("rc") == 0
+    assert all(not a.alive for a in world.actors) and world.applied[-1] == (False, None)

@@ -118,17 +118,25 @@ class PoseHistory:
         return self.poses[best]
 
 
-def run_bridge(cfg: BridgeConfig, session_factory=None) -> int:
+def run_bridge(cfg: BridgeConfig, connect_fn=None, context=None, stop=None) -> int:
+    """Run until max_ticks, Ctrl-C, SIGTERM or `stop` (a threading.Event) is set.
+
+    connect_fn(host, port, timeout_s) -> (client, world) defaults to session.connect; `context` is an
+    initialised rclpy Context to use (default: rclpy.init() of the global one, shut down on exit).
+    """
+    import threading
+
     from wam_diff_ros.carla.session import CarlaConnectionError, CarlaSession, SessionConfig, connect
 
     try:
-        client, world = connect(cfg.host, cfg.port, cfg.timeout_s)
+        client, world = (connect_fn or connect)(cfg.host, cfg.port, cfg.timeout_s)
     except CarlaConnectionError as exc:
         print(f"wam-diff-carla-bridge: error: {exc}", file=sys.stderr, flush=True)
         return 2
 
     import numpy as np
     import rclpy
+    import rclpy.executors
     from builtin_interfaces.msg import Time
     from nav_msgs.msg import Odometry
     from rosgraph_msgs.msg import Clock
@@ -145,9 +153,15 @@ def run_bridge(cfg: BridgeConfig, session_factory=None) -> int:
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    rclpy.init()
-    node = rclpy.create_node("wam_diff_carla_bridge")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+    own_context = context is None
+    if own_context:
+        rclpy.init()
+        context = rclpy.get_default_context()
+    node = rclpy.create_node("wam_diff_carla_bridge", context=context)
+    executor = rclpy.executors.SingleThreadedExecutor(context=context)
+    executor.add_node(node)
     pubs = {cam: node.create_publisher(Image, topic, 1) for cam, topic in cfg.topics.items()}
     odom_pub = node.create_publisher(Odometry, cfg.odometry_topic, 10)
     clock_pub = node.create_publisher(Clock, "/clock", 10)
@@ -179,7 +193,7 @@ def run_bridge(cfg: BridgeConfig, session_factory=None) -> int:
     try:
         with session:
             node.get_logger().info(f"connected to {cfg.host}:{cfg.port}; synchronous at {cfg.fixed_delta_s} s steps")
-            while rclpy.ok() and (cfg.max_ticks <= 0 or ticks < cfg.max_ticks):
+            while context.ok() and (cfg.max_ticks <= 0 or ticks < cfg.max_ticks) and not (stop and stop.is_set()):
                 start = time.monotonic()
                 data = session.tick()
                 ticks += 1
@@ -202,7 +216,7 @@ def run_bridge(cfg: BridgeConfig, session_factory=None) -> int:
                 odom_pub.publish(msg)
                 cmd_pub.publish(String(data=cfg.command))
                 while True:  # take trajectories until this tick's wall-time slot is used up
-                    rclpy.spin_once(node, timeout_sec=0.0 if period == 0 else max(0.0, min(0.005, period - (time.monotonic() - start))))
+                    executor.spin_once(timeout_sec=0.0 if period == 0 else max(0.0, min(0.005, period - (time.monotonic() - start))))
                     if time.monotonic() - start >= period:
                         break
                 held = state["held"]
@@ -215,9 +229,10 @@ def run_bridge(cfg: BridgeConfig, session_factory=None) -> int:
         pass
     finally:
         node.get_logger().info(f"stopped after {ticks} ticks: {dict(counts)}; actors destroyed, asynchronous mode restored")
+        executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+        if own_context:
+            rclpy.try_shutdown()
     return 0
 
 
