@@ -32,6 +32,9 @@ setup(
         "console_scripts": [
             "wam-diff = wam_diff_core.cli:main",
             "wam-diff-train = training.cli:main",
+            "wam-diff-planner = wam_diff_ros.planner_node:main",
+            "wam-diff-highway-bridge = wam_diff_ros.highway_bridge_node:main",
+            "wam-diff-demo = wam_diff_ros.demo:main",
             "wam-diff-bench2drive = wam_diff_ros.carla.runner:main",
             "wam-diff-carla-bridge = wam_diff_ros.carla_bridge_node:main",
         ],

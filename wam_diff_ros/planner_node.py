@@ -37,7 +37,7 @@ from builtin_interfaces.msg import Time
 from visualization_msgs.msg import MarkerArray
 
 from wam_diff_core.constants import NAV_COMMANDS, TASKS
-from wam_diff_core.types import EgoState, check_command
+from wam_diff_core.types import EgoState, Plan, check_command
 from wam_diff_msgs.msg import Detection2DArray, DrivingAnswer, Trajectory
 from wam_diff_msgs.srv import AskQuestion
 
@@ -187,17 +187,19 @@ class PlannerNode(LifecycleNode):
         self._worker.start()
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, durability=DurabilityPolicy.VOLATILE,
                          reliability=cfg["image_reliability"])
+        # odometry and command first: when they and a frame are ready together, the executor takes
+        # them in creation order, so the plan uses the ego state published with the frame
+        odom_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
+        self._subs.append(self.create_subscription(Odometry, cfg["odometry_topic"], self._on_odometry, odom_qos,
+                                                   callback_group=self._sensor_group))
+        self._subs.append(self.create_subscription(String, cfg["command_topic"], self._on_command, 10,
+                                                   callback_group=self._sensor_group))
         for index, topic in enumerate(cfg["camera_topics"]):
             compressed = topic.rstrip("/").endswith("/compressed")
             msg_type = CompressedImage if compressed else Image
             self._subs.append(self.create_subscription(
                 msg_type, topic, lambda msg, i=index, c=compressed: self._on_image(msg, i, c), qos,
                 callback_group=self._sensor_group))
-        odom_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
-        self._subs.append(self.create_subscription(Odometry, cfg["odometry_topic"], self._on_odometry, odom_qos,
-                                                   callback_group=self._sensor_group))
-        self._subs.append(self.create_subscription(String, cfg["command_topic"], self._on_command, 10,
-                                                   callback_group=self._sensor_group))
         self._diag_timer = self.create_timer(cfg["diagnostics_period_s"], self.publish_diagnostics)
         self.get_logger().info(f"active: policy loaded in {load_s:.2f} s")
         return super().on_activate(state)
@@ -361,12 +363,16 @@ class PlannerNode(LifecycleNode):
             ego = self._ego
         command, cfg = self._command, self._cfg
         t0 = time.perf_counter()
+        failed = False
         try:
             plan = self.policy.plan([f.frame for f in frame_set.frames], ego, command, tasks=cfg["tasks"])
         except Exception as exc:  # noqa: BLE001 - bad inputs for the model must not end planning
+            # still answer the frame (an invalid Trajectory naming the error): closed loops wait for it
+            failed = True
+            text = f"policy.plan failed: {type(exc).__name__}: {exc}"
             self.stats.count("plan_errors")
-            self._report_error(f"policy.plan failed: {type(exc).__name__}: {exc}")
-            return
+            self._report_error(text)
+            plan = Plan(trajectory=None, valid=False, errors={"policy": text})
         policy_s = time.perf_counter() - t0
         stamp = ns_to_stamp(frame_set.stamp_ns)
         ego_header = Header(stamp=stamp, frame_id=cfg["base_frame_id"])
@@ -378,6 +384,8 @@ class PlannerNode(LifecycleNode):
         if "detection" in cfg["tasks"]:
             camera_header = Header(stamp=stamp, frame_id=frame_set.frames[0].frame_id)
             pubs["detections"].publish(detections_msg(plan.detections, camera_header))
+        if failed:
+            return
         stamp_age_s = (self.get_clock().now().nanoseconds - frame_set.stamp_ns) * 1e-9
         self.stats.plan_done(time.monotonic() - received, policy_s, stamp_age_s, plan.valid)
 

@@ -1,0 +1,48 @@
+"""Start the WAM-Diff planner as a lifecycle node and bring it to active.
+
+    ros2 launch wam_diff_ros planner.launch.py model:=nano device:=cuda
+    ros2 launch wam_diff_ros planner.launch.py params_file:=/path/to/my_planner.yaml
+
+Parameters come from config/planner.yaml (override with params_file); the launch arguments
+below override single values. The node is configured and activated through its own `autostart`
+parameter, so no lifecycle manager is needed; set autostart:=false to drive it with
+`ros2 lifecycle set /wam_diff/wam_diff_planner configure|activate`.
+"""
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import LifecycleNode
+from launch_ros.parameter_descriptions import ParameterValue
+from launch_ros.substitutions import FindPackageShare
+
+PACKAGE = "wam_diff_ros"
+
+
+def generate_launch_description():
+    args = [
+        DeclareLaunchArgument("namespace", default_value="wam_diff"),
+        DeclareLaunchArgument("params_file", default_value=PathJoinSubstitution(
+            [FindPackageShare(PACKAGE), "config", "planner.yaml"])),
+        DeclareLaunchArgument("model", default_value="nano", description="preset name or checkpoint directory"),
+        DeclareLaunchArgument("device", default_value="cpu"),
+        DeclareLaunchArgument("autostart", default_value="true"),
+        DeclareLaunchArgument("use_sim_time", default_value="false"),
+    ]
+    planner = LifecycleNode(
+        package=PACKAGE,
+        executable="wam-diff-planner",
+        name="wam_diff_planner",
+        namespace=LaunchConfiguration("namespace"),
+        parameters=[
+            LaunchConfiguration("params_file"),
+            {
+                "model": LaunchConfiguration("model"),
+                "device": LaunchConfiguration("device"),
+                "autostart": ParameterValue(LaunchConfiguration("autostart"), value_type=bool),
+                "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
+            },
+        ],
+        output="screen",
+        emulate_tty=True,
+    )
+    return LaunchDescription(args + [planner])
