@@ -158,3 +158,24 @@ def test_destroy_writes_counters_and_comfort_signals(tmp_path, monkeypatch):
     out = json.loads((tmp_path / "RouteScenario_1_rep0_Town01_x" / "wam_diff_agent.json").read_text())
     assert out["stats"]["ticks"] == 4 and out["stats"]["valid_plans"] == 1
     assert out["comfort"]["dt"] == pytest.approx(0.1) and len(out["comfort"]["lon_accel"]) == 2
+
+
+def test_real_nano_policy_through_setup_gives_counted_brakes_on_its_untrained_text(tmp_path):
+    """The default path: setup() loads DrivingPolicy from the YAML; the untrained nano preset writes
+    garbage, which must come out as an invalid plan and a brake, never an exception."""
+    pytest.importorskip("wam_diff_core.policy")
+    conf = tmp_path / "nano.yaml"
+    conf.write_text(DEFAULT_CONFIG.read_text().replace("device: cuda", "device: cpu")
+                    .replace("steps: 4", "steps: 2").replace("image_size: null", "image_size: [64, 36]"))
+    a = agent_mod.WamDiffAgent("localhost", 2000, False)
+    a.set_global_plan(*straight_route())
+    a.setup(str(conf))
+    ctrl = a.run_step(input_data(0, speed=4.0, bgra=np.full((90, 160, 4), 127, np.uint8)), 0.0)
+    assert isinstance(ctrl, carla.VehicleControl)
+    s = a.summary()
+    assert s["plans"] == 1
+    if s["invalid_plans"]:  # the expected case for an untrained model
+        assert ctrl.throttle == 0.0 and ctrl.brake > 0.5 and s["brake_ticks"] == 1
+    else:  # a parseable plan by chance: then it is tracked
+        assert s["valid_plans"] == 1 and 0.0 <= ctrl.throttle <= 1.0 and 0.0 <= ctrl.brake <= 1.0
+    a.destroy()
