@@ -1,0 +1,111 @@
+"""Launch files and parameter YAML, checked structurally (`launch` is not installable here):
+executables are console scripts of setup.py whose functions exist, parameter files exist in
+config/, and every parameter they set is one the node declares."""
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH_FILES = sorted((ROOT / "launch").glob("*.launch.py"))
+
+
+def _console_scripts() -> dict[str, str]:
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "entry_points":
+            entry_points = ast.literal_eval(node.value)
+            return dict(re.split(r"\s*=\s*", spec, maxsplit=1) for spec in entry_points["console_scripts"])
+    raise AssertionError("setup.py has no entry_points")
+
+
+def _node_actions(path: Path) -> list[dict]:
+    """Keyword arguments (constants only) of every Node / LifecycleNode call in a launch file."""
+    tree = ast.parse(path.read_text())
+    constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+                 for t in n.targets if isinstance(t, ast.Name)}  # module-level NAME = "value"
+    actions = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("Node", "LifecycleNode"):
+            action = {}
+            for kw in node.keywords:
+                if isinstance(kw.value, ast.Constant):
+                    action[kw.arg] = kw.value.value
+                elif isinstance(kw.value, ast.Name) and kw.value.id in constants:
+                    action[kw.arg] = constants[kw.value.id]
+            actions.append(action)
+    return actions
+
+
+def _yaml_names(path: Path) -> list[str]:
+    """config/*.yaml names a launch file joins with PathJoinSubstitution or mentions as strings."""
+    return [n.value for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.endswith(".yaml")]
+
+
+def test_both_launch_files_exist_and_parse():
+    assert {p.name for p in LAUNCH_FILES} >= {"planner.launch.py", "demo.launch.py"}
+    for path in LAUNCH_FILES:
+        tree = ast.parse(path.read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "generate_launch_description" for n in tree.body)
+
+
+@pytest.mark.parametrize("path", LAUNCH_FILES, ids=lambda p: p.name)
+def test_launch_executables_are_console_scripts_whose_functions_exist(path):
+    scripts = _console_scripts()
+    actions = _node_actions(path)
+    assert actions, f"{path.name} starts no node"
+    for action in actions:
+        assert action.get("package") == "wam_diff_ros"
+        executable = action.get("executable")
+        assert executable in scripts, f"{path.name}: executable {executable!r} not in setup.py console_scripts"
+        module, func = scripts[executable].split(":")
+        assert callable(getattr(importlib.import_module(module), func)), scripts[executable]
+        assert isinstance(action.get("name"), str) and action["name"]
+
+
+@pytest.mark.parametrize("path", LAUNCH_FILES, ids=lambda p: p.name)
+def test_launch_parameter_files_exist_in_config_and_are_installed(path):
+    names = _yaml_names(path)
+    assert names, f"{path.name} names no parameter file"
+    for name in names:
+        assert (ROOT / "config" / name).is_file(), f"{path.name}: config/{name} missing"
+    setup = (ROOT / "setup.py").read_text()
+    assert 'glob("config/*.yaml")' in setup and 'glob("launch/*.launch.py")' in setup
+
+
+def _declared(module_name: str) -> set[str]:
+    return set(importlib.import_module(module_name).PARAMETERS) | {"use_sim_time"}
+
+
+@pytest.mark.parametrize("yaml_name", ["planner.yaml", "demo.yaml"])
+def test_parameter_files_set_only_declared_parameters_of_the_right_type(yaml_name):
+    pytest.importorskip("rclpy", reason="ROS 2 wheels not installed")
+    nodes = {"wam_diff_planner": "wam_diff_ros.planner_node", "wam_diff_highway_bridge": "wam_diff_ros.highway_bridge_node"}
+    data = yaml.safe_load((ROOT / "config" / yaml_name).read_text())
+    assert data
+    for key, section in data.items():
+        node_name = key.rsplit("/", 1)[-1]
+        assert node_name in nodes, f"{yaml_name}: unknown node {key!r}"
+        params = section["ros__parameters"]
+        module = importlib.import_module(nodes[node_name])
+        unknown = set(params) - _declared(nodes[node_name])
+        assert not unknown, f"{yaml_name}: {node_name} does not declare {sorted(unknown)}"
+        for name, value in params.items():
+            if name == "use_sim_time":
+                continue
+            default = module.PARAMETERS[name][0]
+            expected = float if isinstance(default, float) else type(default)
+            assert isinstance(value, expected) or (expected is float and isinstance(value, int)), \
+                f"{yaml_name}: {node_name}.{name} = {value!r}, expected {expected.__name__}"
+
+
+def test_planner_yaml_lists_every_declared_planner_parameter():
+    pytest.importorskip("rclpy", reason="ROS 2 wheels not installed")
+    from wam_diff_ros.planner_node import PARAMETERS
+
+    params = yaml.safe_load((ROOT / "config" / "planner.yaml").read_text())["/**/wam_diff_planner"]["ros__parameters"]
+    assert set(params) == set(PARAMETERS)
