@@ -24,6 +24,7 @@ EP_MIN_REFERENCE_M = 5.0
 STATIC_COLLISION_NC = 0.5
 EGO_LENGTH_M = 5.0
 EGO_WIDTH_M = 2.0
+DAC_MARGIN_M = 0.5  # shoulder: lanes are the only map, NAVSIM's drivable area is wider than lane centres +- w/2
 
 
 @dataclass
@@ -99,7 +100,7 @@ def _point_segment_distance(points: np.ndarray, polyline: np.ndarray) -> np.ndar
     return np.linalg.norm(points[:, None, :] - proj, axis=-1).min(axis=1)
 
 
-def drivable(points: np.ndarray, lanes: list[tuple[np.ndarray, float]], margin: float = 0.1) -> np.ndarray:
+def drivable(points: np.ndarray, lanes: list[tuple[np.ndarray, float]], margin: float = DAC_MARGIN_M) -> np.ndarray:
     """Whether each point (P, 2) lies within half a lane width (+ margin) of some lane centreline."""
     points = np.asarray(points, dtype=np.float64).reshape(-1, 2)
     ok = np.zeros(points.shape[0], dtype=bool)

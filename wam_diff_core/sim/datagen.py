@@ -1,0 +1,315 @@
+"""`wam-diff data`: planning, detection and driving-QA datasets from the embedded world.
+
+The expert drives each route; every `--every` ticks a frame becomes samples of three tasks that
+share its image:
+  planning  - prompt with ego state and command; answer = the expert's actual next NUM_WAYPOINTS
+              positions at WAYPOINT_DT_S in the ego frame (so frames need 4 s of future);
+  detection - Qwen3-VL grounding JSON of the vehicles in view (0..1000 scale);
+  qa        - questions answered from world state (lead vehicle, lane occupancy, next action...).
+Samples follow ARCHITECTURE.md (`id, datasource, task, image, conversations`, `<image>` in the human
+turn) plus a `meta` dict. Splits go by route seed, never by frame. Each finished route is written to
+OUT/parts/ so a rerun resumes; the merged OUT/train.json, OUT/val.json, OUT/scenes_val.jsonl (PDM
+scenes of held-out planning frames) and OUT/stats.json are rebuilt at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..constants import IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
+from .routes import DEFAULT_SUITE, Route, load_routes, suite_version
+
+DATASOURCE = "wam-diff-highway"
+LEAD_RANGE_M = 100.0
+FREE_LANE_BEHIND_M = 10.0
+FREE_LANE_AHEAD_M = 30.0
+
+
+def split_of(seed: int, val_fraction: float) -> str:
+    """'val' or 'train' from a stable hash of the route seed (never of the frame)."""
+    h = int(hashlib.sha256(f"seed-{seed}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "val" if h < val_fraction else "train"
+
+
+# ---------------------------------------------------------------- QA from world state
+def _lane_vehicles(tick, offset: int):
+    return [v for v in tick.vehicles if v.lane_offset == offset]
+
+
+def _lead(tick):
+    ahead = [v for v in tick.vehicles if v.same_lane and 0.0 < v.xy[0] <= LEAD_RANGE_M]
+    return min(ahead, key=lambda v: v.xy[0]) if ahead else None
+
+
+def _lane_free(tick, offset: int) -> Optional[bool]:
+    """None when there is no such lane; else whether no vehicle is in it near the ego."""
+    if tick.lane_count <= 1:
+        return None
+    target = tick.lane_id + offset  # lane ids count from the right-most lane
+    if target < 0 or target >= tick.lane_count:
+        return None
+    occupied = [v for v in _lane_vehicles(tick, offset) if -FREE_LANE_BEHIND_M <= v.xy[0] <= FREE_LANE_AHEAD_M]
+    return not occupied
+
+
+def next_action(future: np.ndarray, speed: float, command: str) -> str:
+    """What the expert does next, from its own 4 s future (NUM_WAYPOINTS, 2) in the ego frame."""
+    end = future[-1]
+    heading = math.atan2(future[-1, 1] - future[-2, 1], future[-1, 0] - future[-2, 0]) if np.linalg.norm(future[-1] - future[-2]) > 0.2 else 0.0
+    if command in ("turn left", "turn right") and abs(heading) > math.radians(30):
+        return command
+    if end[1] > 2.0 and abs(heading) < math.radians(30):
+        return "change lane left"
+    if end[1] < -2.0 and abs(heading) < math.radians(30):
+        return "change lane right"
+    v_end = np.linalg.norm(future[-1] - future[-2]) / WAYPOINT_DT_S
+    if v_end < 0.5 and speed < 1.0:
+        return "stay stopped"
+    if v_end < 0.5:
+        return "stop"
+    if v_end < speed - 2.0:
+        return "slow down"
+    if v_end > speed + 2.0:
+        return "speed up"
+    return "keep lane"
+
+
+def qa_pairs(tick, future: np.ndarray) -> list[tuple[str, str, str]]:
+    """(kind, question, answer) pairs for one frame."""
+    out = []
+    lead = _lead(tick)
+    ahead_in_lane = [v for v in tick.vehicles if v.same_lane and 0.0 < v.xy[0] <= 50.0]
+    out.append(("count_ahead", "How many vehicles are ahead of me in my lane within 50 m?", str(len(ahead_in_lane))))
+    if lead is not None:
+        gap = lead.xy[0] - (lead.length + 5.0) / 2.0
+        out.append(("lead_distance", "How far is the vehicle ahead of me in my lane?", f"{max(gap, 0.0):.0f} m"))
+    else:
+        out.append(("lead_distance", "How far is the vehicle ahead of me in my lane?",
+                    f"no vehicle ahead in my lane within {LEAD_RANGE_M:.0f} m"))
+    for side, off in (("left", 1), ("right", -1)):
+        free = _lane_free(tick, off)
+        ans = f"no, there is no lane to the {side}" if free is None else ("yes" if free else "no")
+        out.append((f"{side}_free", f"Is the lane to my {side} free?", ans))
+    out.append(("visible_count", "How many vehicles are visible?", str(len(tick.detections))))
+    out.append(("next_action", "What should I do next?", next_action(future, tick.ego.speed, tick.command)))
+    return out
+
+
+# ---------------------------------------------------------------- one route
+def _pdm_scene(tick, lanes, future: np.ndarray, agent_futures: dict) -> dict:
+    agents = []
+    for v in tick.vehicles:
+        if math.hypot(*v.xy) > 80.0:
+            continue
+        agents.append({"xy": list(v.xy), "heading": v.heading, "velocity": list(v.velocity), "length": v.length,
+                       "width": v.width, "future": agent_futures.get(v.vid)})
+    return {"ego_speed": tick.ego.speed, "agents": agents,
+            "lanes": [{"centre": np.round(l["centre"], 2).tolist(), "width": l["width"]} for l in lanes],
+            "reference_progress": float(future[-1, 0])}
+
+
+def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384, 192), val_fraction: float = 0.2,
+                   tasks=("planning", "detection", "qa")) -> dict:
+    """Drive one route with the expert and write its samples to OUT/parts/<route_id>.json."""
+    from PIL import Image
+
+    from ..codec import format_detections, format_trajectory
+    from ..prompts import detection_prompt, planning_prompt, qa_prompt
+    from .highway import HighwayWorld, world_to_ego
+
+    t0 = time.perf_counter()
+    world = HighwayWorld(route, frame_size=frame_size, driver="expert", render=True)
+    tick = world.reset()
+    ticks, lanes_at = [tick], {}
+    horizon = int(round(NUM_WAYPOINTS * WAYPOINT_DT_S / world.dt))
+    step_ticks = int(round(WAYPOINT_DT_S / world.dt))
+    if 0 % every == 0:
+        lanes_at[0] = world.lanes_gt()
+    while True:
+        tick = world.step()
+        k = len(ticks)
+        ticks.append(tick)
+        if k % every == 0:
+            lanes_at[k] = world.lanes_gt()
+        if tick.collision or tick.progress_m >= route.target_distance_m or tick.t >= route.time_limit_s - 1e-9:
+            break
+    world.close()
+    crashed = ticks[-1].collision
+    split = split_of(route.seed, val_fraction)
+    img_dir = out_dir / "images" / route.route_id
+    img_dir.mkdir(parents=True, exist_ok=True)
+    samples, scenes = [], []
+    # frames with a full 4 s future, and none of it after a crash
+    last = len(ticks) - 1 - horizon
+    for k in range(0, last + 1, every):
+        tk = ticks[k]
+        if tk.frame is None or tk.collision:
+            continue
+        pose = np.array(tk.pose[:2]), tk.pose[2]
+        fut_world = np.array([ticks[k + j * step_ticks].pose[:2] for j in range(1, NUM_WAYPOINTS + 1)])
+        future = world_to_ego(fut_world, pose[0], pose[1])
+        rel = f"images/{route.route_id}/{k:04d}.png"
+        Image.fromarray(tk.frame).save(out_dir / rel, compress_level=1)
+        meta = {"route_id": route.route_id, "scenario": route.scenario, "seed": route.seed, "tick": k, "t": tk.t,
+                "split": split, "command": tk.command, "ego": [tk.ego.vx, tk.ego.vy, tk.ego.ax, tk.ego.ay, tk.ego.yaw_rate]}
+        base = f"{route.route_id}_{k:04d}"
+        if "planning" in tasks:
+            samples.append({"id": f"{base}_plan", "datasource": DATASOURCE, "task": "planning", "image": [rel],
+                            "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(tk.ego, tk.command)}"},
+                                              {"from": "gpt", "value": format_trajectory(future)}],
+                            "meta": meta})
+            if split == "val":
+                # agents' logged futures in this frame's ego frame, for the PDM score
+                agent_fut = {}
+                for v in tk.vehicles:
+                    pts = []
+                    for j in range(1, NUM_WAYPOINTS + 1):
+                        later = next((u for u in ticks[k + j * step_ticks].vehicles if u.vid == v.vid), None)
+                        if later is None:
+                            break
+                        # later.xy is in the later ego frame: back to world, then into this frame
+                        lp = np.array(ticks[k + j * step_ticks].pose)
+                        c, s = math.cos(lp[2]), math.sin(lp[2])
+                        w = np.array([lp[0] + c * later.xy[0] - s * later.xy[1], lp[1] + s * later.xy[0] + c * later.xy[1]])
+                        e = world_to_ego(w, pose[0], pose[1])
+                        pts.append([float(e[0]), float(e[1]), float(later.heading + lp[2] - pose[1])])
+                    if len(pts) == NUM_WAYPOINTS:
+                        agent_fut[v.vid] = pts
+                scenes.append({"id": f"{base}_plan", **_pdm_scene(tk, lanes_at.get(k, []), future, agent_fut)})
+        if "detection" in tasks:
+            samples.append({"id": f"{base}_det", "datasource": DATASOURCE, "task": "detection", "image": [rel],
+                            "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{detection_prompt()}"},
+                                              {"from": "gpt", "value": format_detections(tk.detections)}],
+                            "meta": meta})
+        if "qa" in tasks:
+            for kind, q, a in qa_pairs(tk, future):
+                samples.append({"id": f"{base}_qa_{kind}", "datasource": DATASOURCE, "task": "qa", "image": [rel],
+                                "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{qa_prompt(q)}"},
+                                                  {"from": "gpt", "value": a}],
+                                "meta": {**meta, "qa_kind": kind}})
+    part = {"route": route.to_dict(), "split": split, "crashed": crashed, "ticks": len(ticks),
+            "frames": len({s["image"][0] for s in samples}), "samples": samples, "scenes": scenes,
+            "wall_s": round(time.perf_counter() - t0, 3)}
+    pdir = out_dir / "parts"
+    pdir.mkdir(parents=True, exist_ok=True)
+    tmp = pdir / f"{route.route_id}.json.tmp"
+    tmp.write_text(json.dumps(part))
+    tmp.replace(pdir / f"{route.route_id}.json")  # atomic: a killed run never leaves half a part
+    return {k: v for k, v in part.items() if k not in ("samples", "scenes")} | {"num_samples": len(samples)}
+
+
+def _worker(route_dict, out_dir, every, frame_size, val_fraction, tasks):
+    return generate_route(Route(**route_dict), Path(out_dir), every, frame_size, val_fraction, tasks)
+
+
+def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_samples: int) -> dict:
+    """Merge OUT/parts into train.json / val.json / scenes_val.jsonl; write and return the statistics."""
+    split_samples = {"train": [], "val": []}
+    scenes = []
+    per_scenario, per_task, commands, qa_kinds, next_actions = Counter(), Counter(), Counter(), Counter(), Counter()
+    frames = Counter()
+    crashed = []
+    for r in routes:
+        p = out_dir / "parts" / f"{r.route_id}.json"
+        if not p.is_file():
+            continue
+        part = json.loads(p.read_text())
+        if part["crashed"]:
+            crashed.append(r.route_id)
+        split_samples[part["split"]].extend(part["samples"])
+        scenes.extend(part["scenes"])
+        frames[part["split"]] += part["frames"]
+        for s in part["samples"]:
+            per_task[f"{part['split']}/{s['task']}"] += 1
+            per_scenario[r.scenario] += 1
+            if s["task"] == "planning":
+                commands[s["meta"]["command"]] += 1
+            if s["task"] == "qa":
+                qa_kinds[s["meta"]["qa_kind"]] += 1
+                if s["meta"]["qa_kind"] == "next_action":
+                    next_actions[s["conversations"][1]["value"]] += 1
+    for split, samples in split_samples.items():
+        (out_dir / f"{split}.json").write_text(json.dumps(samples))
+    with open(out_dir / "scenes_val.jsonl", "w") as f:
+        for s in scenes:
+            f.write(json.dumps(s) + "\n")
+    stats = {
+        "suite": suite_version(), "routes": len(routes), "routes_crashed": crashed,
+        "samples": {k: len(v) for k, v in split_samples.items()}, "frames": dict(frames),
+        "per_task": dict(sorted(per_task.items())), "per_scenario": dict(sorted(per_scenario.items())),
+        "commands": dict(commands.most_common()), "qa_kinds": dict(qa_kinds.most_common()),
+        "next_actions": dict(next_actions.most_common()),
+        "wall_s": round(wall_s, 2), "generated_samples": generated_samples,
+        "samples_per_s": round(generated_samples / wall_s, 2) if wall_s > 0 else None,
+    }
+    (out_dir / "stats.json").write_text(json.dumps(stats, indent=2))
+    return stats
+
+
+def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 5, frame_size=(384, 192),
+             val_fraction: float = 0.2, tasks=("planning", "detection", "qa"), progress: bool = True) -> dict:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = [r for r in routes if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(routes), initial=len(routes) - len(todo), desc="data", unit="route")
+    t0 = time.perf_counter()
+    generated = 0
+    args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), val_fraction, tuple(tasks)) for r in todo]
+    if workers <= 1:
+        for a in args:
+            generated += _worker(*a)["num_samples"]
+            if bar:
+                bar.update(1)
+                bar.set_postfix(samples=generated)
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+            futs = [ex.submit(_worker, *a) for a in args]
+            for f in as_completed(futs):
+                generated += f.result()["num_samples"]
+                if bar:
+                    bar.update(1)
+                    bar.set_postfix(samples=generated)
+    if bar:
+        bar.close()
+    return merge_parts(out_dir, routes, time.perf_counter() - t0, generated)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="dataset directory")
+    parser.add_argument("--routes", default=str(DEFAULT_SUITE), help="route suite JSON (default: bundled routes_v1)")
+    parser.add_argument("--ids", default="", help="comma-separated route ids")
+    parser.add_argument("--scenarios", default="", help="comma-separated scenario types")
+    parser.add_argument("--limit", type=int, default=None, help="first N routes only")
+    parser.add_argument("--every", type=int, default=5, help="sample a frame every N ticks (10 Hz)")
+    parser.add_argument("--tasks", default="planning,detection,qa")
+    parser.add_argument("--val-fraction", type=float, default=0.2, help="share of route seeds held out")
+    parser.add_argument("--frame-size", default="384x192")
+    parser.add_argument("--workers", type=int, default=1)
+
+
+def run(args) -> int:
+    routes = load_routes(args.routes, ids=[i for i in args.ids.split(",") if i] or None,
+                         scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
+    tasks = tuple(t for t in args.tasks.split(",") if t)
+    bad = [t for t in tasks if t not in ("planning", "detection", "qa")]
+    if bad:
+        raise SystemExit(f"unknown tasks {bad}; expected planning, detection, qa")
+    w, h = (int(v) for v in args.frame_size.lower().split("x"))
+    stats = generate(routes, Path(args.out), workers=args.workers, every=args.every, frame_size=(w, h),
+                     val_fraction=args.val_fraction, tasks=tasks)
+    print(json.dumps(stats, indent=2))
+    return 0
