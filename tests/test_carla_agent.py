@@ -149,7 +149,8 @@ def test_bad_sensor_yaml_is_rejected_naming_the_field(tmp_path):
 
 def test_destroy_writes_counters_and_comfort_signals(tmp_path, monkeypatch):
     monkeypatch.setenv("SAVE_PATH", str(tmp_path))
-    a, _ = make_agent(STRAIGHT_5MPS, conf=f"{DEFAULT_CONFIG}+RouteScenario_1_rep0_Town01_x")
+    # the evaluator appends '+<save_name>' to the same string for every route
+    a, _ = make_agent(STRAIGHT_5MPS, conf=f"{DEFAULT_CONFIG}+RouteScenario_0_rep0_old+RouteScenario_1_rep0_Town01_x")
     for tick in range(4):
         a.run_step(input_data(tick, x=0.25 * tick), tick * 0.05)
     a.destroy()

@@ -134,3 +134,22 @@ def test_compat_shim_reports_the_carla_client_version(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "0.9.15"
+
+
+def test_runner_dry_run_prints_evaluator_commands_and_rejects_overlapping_ports(tmp_path, capsys):
+    routes = write_routes(tmp_path / "routes.xml")
+    evaluator = tmp_path / "leaderboard" / "leaderboard" / "leaderboard_evaluator.py"
+    evaluator.parent.mkdir(parents=True)
+    evaluator.write_text("")
+    (tmp_path / "CarlaUE4.sh").write_text("")
+    base = ["run", "--routes", str(routes), "--bench2drive-root", str(tmp_path), "--carla-root", str(tmp_path),
+            "--compat", "never"]
+    assert runner.main(base + ["--out", str(tmp_path / "o1"), "--ports", "2000,2001"]) == 2
+    assert "at least 3 apart" in capsys.readouterr().err
+    assert runner.main(base + ["--out", str(tmp_path / "o2"), "--ports", "2000,2100", "--gpus", "3",
+                               "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    assert f"--evaluator" not in lines[0] and str(evaluator.resolve()) in lines[0]
+    assert "--port=2100" in lines[1] and "--traffic-manager-port=8100" in lines[1] and "--gpu-rank=3" in lines[1]
+    assert "wam_diff_ros/carla/agent.py" in lines[0] and "--resume" not in lines[0]

@@ -75,9 +75,12 @@ class WamDiffAgent(AutonomousAgent):
     """Leaderboard agent API: setup(conf), sensors(), run_step(input_data, timestamp), destroy()."""
 
     def setup(self, path_to_conf_file: str, policy=None):
-        """path_to_conf_file: agent YAML; Bench2Drive appends '+<save_name>'. `policy`: an object with
-        DrivingPolicy's plan(images, ego, command) -> Plan (tests pass a fake); default loads the model."""
-        conf, _, save_name = (path_to_conf_file or "").partition("+")
+        """path_to_conf_file: agent YAML; Bench2Drive appends '+<save_name>' for every route to the same
+        string, so the YAML is what precedes the first '+' and the save name what follows the last.
+        `policy`: an object with DrivingPolicy's plan(images, ego, command) -> Plan (tests pass a
+        fake); by default the model named in the YAML is loaded."""
+        parts = (path_to_conf_file or "").split("+")
+        conf, save_name = parts[0], (parts[-1] if len(parts) > 1 else "")
         self.config = AgentConfig.load(conf or DEFAULT_CONFIG)
         self.save_name = save_name or None
         self.track = Track.SENSORS

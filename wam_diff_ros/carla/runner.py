@@ -164,8 +164,9 @@ def prepare(args) -> tuple[list[Shard], list, dict]:
         raise RunnerError(f"route file {routes_path} has no <route>")
     ports = _parse_int_list(args.ports, "ports")
     gpus = _parse_int_list(args.gpus, "gpus")
-    if len(set(ports)) != len(ports):
-        raise RunnerError(f"--ports must be distinct (one CARLA server per port), got {ports}")
+    close = [(a, b) for i, a in enumerate(ports) for b in ports[i + 1:] if abs(a - b) < 3]
+    if close:  # a CARLA server also listens on port + 1 (streaming) and port + 2 (secondary)
+        raise RunnerError(f"--ports must be at least 3 apart (CARLA uses port, port+1, port+2), got {ports}")
     n = min(len(ports), len(routes))
     evaluator = Path(args.evaluator) if args.evaluator else Path(args.bench2drive_root) / "leaderboard" / "leaderboard" / "leaderboard_evaluator.py"
     if not evaluator.is_file():
