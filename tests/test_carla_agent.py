@@ -180,3 +180,51 @@ def test_real_nano_policy_through_setup_gives_counted_brakes_on_its_untrained_te
     else:  # a parseable plan by chance: then it is tracked
         assert s["valid_plans"] == 1 and 0.0 <= ctrl.throttle <= 1.0 and 0.0 <= ctrl.brake <= 1.0
     a.destroy()
+
+
+LEADERBOARD_STUB = '''
+from enum import Enum
+
+class Track(Enum):
+    SENSORS = "SENSORS"
+    MAP = "MAP"
+
+class AutonomousAgent(object):
+    def __init__(self, carla_host, carla_port, debug=False):
+        self.track = Track.SENSORS
+        self._global_plan = None
+        self._global_plan_world_coord = None
+        self.hero_actor = None
+
+    def set_global_plan(self, global_plan_gps, global_plan_world_coord):
+        self._global_plan = global_plan_gps
+        self._global_plan_world_coord = global_plan_world_coord
+'''
+
+
+def test_agent_file_loads_by_path_like_the_leaderboard_and_subclasses_its_base(tmp_path):
+    """The evaluator does sys.path.insert(0, dirname(agent.py)); importlib.import_module('agent')."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "leaderboard" / "autoagents"
+    pkg.mkdir(parents=True)
+    (tmp_path / "leaderboard" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "autonomous_agent.py").write_text(LEADERBOARD_STUB)
+    code = f"""
+import importlib, os, sys
+sys.path.insert(0, {str(tmp_path)!r})
+sys.path.insert(0, os.path.dirname({agent_mod.__file__!r}))
+module = importlib.import_module("agent")
+cls = getattr(module, module.get_entry_point())
+from leaderboard.autoagents.autonomous_agent import AutonomousAgent, Track
+agent = cls("localhost", 2000, 0)
+assert isinstance(agent, AutonomousAgent) and agent.track is Track.SENSORS
+import carla
+assert carla.Client("localhost", 1).get_client_version() == "0.9.15", "the real client, not our package dir"
+print("ok", cls.__name__)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "ok WamDiffAgent"
