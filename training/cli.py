@@ -1,0 +1,159 @@
+"""`wam-diff-train`: the conversion stages behind one command (YAML config + command-line overrides).
+
+  wam-diff-train ar      --config training/configs/nano_ar.yaml [--init nano] [--out runs/x]
+  wam-diff-train adapt   --config ... --init runs/x/ar/model --block-sizes 4,8,16,32
+  wam-diff-train distill --config ... --teacher CKPT --teacher-block-size 16 --student CKPT --block-size 32
+  wam-diff-train plot    --out runs/x            (loss curve of every stage: PNG + JSON)
+
+Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
+Runs under `torchrun --nproc_per_node N -m training.cli ...` as well (DDP; gloo on CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from .config import Config, ConfigError, load_config, set_key, validate
+
+STAGES = ("ar", "adapt", "distill")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file (training/configs/*.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. optim.lr=1e-4 (repeatable)")
+    p.add_argument("--out", help="output directory (config: out)")
+    p.add_argument("--data", action="append", metavar="PATH[:WEIGHT]",
+                   help="training dataset (repeatable; replaces data.train)")
+    p.add_argument("--val", help="validation dataset (config: data.val)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps per stage (config: train.max_steps)")
+    p.add_argument("--epochs", type=float, help="epochs per stage (config: train.epochs)")
+    p.add_argument("--batch-size", type=int, help="micro-batch per process (config: train.batch_size)")
+    p.add_argument("--lr", type=float, help="peak learning rate (config: optim.lr)")
+    p.add_argument("--seed", type=int, help="config: train.seed")
+    p.add_argument("--device", help="auto | cpu | cuda (config: train.device)")
+    p.add_argument("--stop-after", type=int, help="stop this invocation after N steps, keeping a resume point")
+    p.add_argument("--resume", action="store_true", help="continue from the stage's resume point; skip finished stages")
+    p.add_argument("--overwrite", action="store_true", help="delete an existing stage directory and start over")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wam-diff-train", description="AR -> block-diffusion conversion stages")
+    sub = parser.add_subparsers(dest="stage", required=True)
+    ar = sub.add_parser("ar", help="train / fine-tune the B = 1 (autoregressive) model")
+    _common(ar)
+    ar.add_argument("--init", help="checkpoint directory or preset (config: model)")
+    adapt = sub.add_parser("adapt", help="progressive block adaptation, one stage per block size")
+    _common(adapt)
+    adapt.add_argument("--init", help="the B = 1 (or previous) checkpoint (config: model)")
+    adapt.add_argument("--block-sizes", help="comma-separated chain, e.g. 4,8,16,32 (config: block_sizes)")
+    distill = sub.add_parser("distill", help="block-wise or model-wise distillation into a student")
+    _common(distill)
+    distill.add_argument("--teacher", help="teacher checkpoint (config: distill.teacher)")
+    distill.add_argument("--teacher-block-size", type=int, help="default: the teacher's trained block size")
+    distill.add_argument("--student", help="student initial checkpoint (config: model)")
+    distill.add_argument("--block-size", type=int, help="student block size (config: block_size)")
+    distill.add_argument("--ratio", type=float, help="loss = (1 - r) CE + r divergence (config: distill.ratio)")
+    distill.add_argument("--on-policy-every", type=int, help="student generates the responses every N steps")
+    plot = sub.add_parser("plot", help="loss curve of every stage under --out")
+    plot.add_argument("--out", required=True)
+    return parser
+
+
+def _data_entry(text: str) -> dict:
+    """`path` or `path:weight`."""
+    path, sep, weight = text.rpartition(":")
+    if sep:
+        try:
+            return {"path": path, "weight": float(weight)}
+        except ValueError:
+            pass
+    return {"path": text}
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    overrides = list(args.overrides)
+    cfg = load_config(args.config, overrides)
+    simple = {"out": "out", "val": "data.val", "max_steps": "train.max_steps", "epochs": "train.epochs",
+              "batch_size": "train.batch_size", "lr": "optim.lr", "seed": "train.seed", "device": "train.device",
+              "stop_after": "train.stop_after", "init": "model", "student": "model", "block_size": "block_size",
+              "teacher": "distill.teacher", "teacher_block_size": "distill.teacher_block_size",
+              "ratio": "distill.ratio", "on_policy_every": "distill.on_policy_every", "block_sizes": "block_sizes"}
+    extra = [f"{key}={getattr(args, name)}" for name, key in simple.items() if getattr(args, name, None) is not None]
+    if args.data:
+        cfg.data.train = [_data_entry(d) for d in args.data]
+    if args.no_progress:
+        extra.append("train.progress=false")
+    for item in extra:
+        key, text = item.split("=", 1)
+        set_key(cfg, key, yaml.safe_load(text) if key not in ("out", "model", "data.val", "distill.teacher") else text)
+    validate(cfg)
+    return cfg
+
+
+def stages_for(cfg: Config, command: str):
+    from .trainer import Stage
+
+    if command == "ar":
+        return [Stage("ar", 1, cfg.model)]
+    if command == "adapt":
+        return [Stage(f"block{int(b)}", int(b), "") for b in cfg.block_sizes]
+    if cfg.distill.teacher is None:
+        raise ConfigError("distill needs --teacher (config: distill.teacher)")
+    return [Stage("distill", cfg.block_size, cfg.model, cfg.distill.teacher, cfg.distill.teacher_block_size)]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.stage == "plot":
+        from .plot import plot_run
+
+        print(plot_run(Path(args.out)))
+        return 0
+    cfg = config_from_args(args)
+    if not cfg.data.train:
+        raise ConfigError("no training data: give --data PATH or data.train in the config")
+    from .distributed import cleanup, init_distributed
+    from .trainer import run_stage
+
+    ctx = init_distributed(cfg.train.device)
+    try:
+        init = cfg.model
+        for stage in stages_for(cfg, args.stage):
+            if args.stage == "adapt":
+                stage.init = init
+            final = run_stage(cfg, stage, ctx, resume=args.resume, overwrite=args.overwrite)
+            if final is None:
+                return 0  # stopped early on purpose (stop_after); --resume continues
+            init = str(final)
+            if ctx.is_main:
+                print(f"[{stage.name}] checkpoint: {final}")
+    finally:
+        cleanup(ctx)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as exc:
+        print(f"wam-diff-train: config error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from .data import DataError
+        from .trainer import StageExists
+
+        if isinstance(exc, (DataError, StageExists)):
+            print(f"wam-diff-train: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

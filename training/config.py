@@ -1,0 +1,212 @@
+"""Training configuration: dataclasses, YAML files and `section.key=value` overrides.
+
+Every key is declared here; an unknown key in a file or an override is an error naming it (the
+reference code read keys and ignored them; this one refuses them).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file, key or value is invalid (the message names it)."""
+
+
+@dataclass
+class DataConfig:
+    train: list = field(default_factory=list)  # [{"path": ..., "weight": 1.0, "name": ...}] or paths
+    val: Optional[str] = None  # validation split evaluated after each stage
+    max_prompt_tokens: int = 4096
+    max_response_tokens: int = 512
+    on_bad_sample: str = "skip"  # skip (drop and count) | error (stop, naming the sample)
+    epoch_size: Optional[int] = None  # draws per epoch over the weighted mix; default: every sample once
+    num_workers: int = 0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 4e-5
+    vision_lr: float = 2e-6  # the vision tower's learning rate (a lower one, as in the reference)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.05
+    warmup_ratio: float = 0.03
+    warmup_steps: Optional[int] = None  # overrides warmup_ratio
+    min_lr_ratio: float = 0.0  # cosine floor, as a share of the peak
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables
+
+
+@dataclass
+class NoiseConfig:
+    t_min: float = 0.05  # noise level range of a response block; stratified across blocks
+    t_max: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    epochs: float = 5.0
+    max_steps: Optional[int] = None  # optimizer steps per stage; overrides epochs
+    batch_size: int = 8  # micro-batch per process
+    grad_accum: int = 1
+    seed: int = 0
+    backend: str = "sdpa"  # text attention backend: sdpa | flex
+    device: str = "auto"  # auto (cuda if present) | cpu | cuda
+    threads: Optional[int] = None  # torch CPU threads per process (default: torch's own choice)
+    bf16: bool = True  # bf16 autocast on GPU (ignored on CPU)
+    parallel: str = "ddp"  # ddp | fsdp2 (under torchrun)
+    log_every: int = 1
+    save_every: int = 200  # optimizer steps between resumable checkpoints
+    stop_after: Optional[int] = None  # end this invocation after so many steps, checkpoint kept (preemption drills)
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class DistillConfig:
+    teacher: Optional[str] = None  # checkpoint directory
+    teacher_block_size: Optional[int] = None  # default: the teacher's trained_block_size
+    ratio: float = 1.0  # loss = (1 - ratio) CE + ratio divergence
+    divergence: str = "jsd"  # jsd | forward_kl | reverse_kl
+    beta: float = 0.5
+    temperature: float = 1.0
+    chunk_size: int = 1024  # rows per divergence chunk (full vocabulary each)
+    on_policy_every: int = 0  # > 0: every N steps the student generates the responses it is trained on
+    on_policy_steps: Optional[int] = None  # decoder steps K for on-policy generation (default B)
+
+
+@dataclass
+class EvalConfig:
+    enabled: bool = True
+    max_samples: int = 64
+    batch_size: int = 8
+    steps: Optional[int] = None  # denoising steps K per block (default B: one token per step)
+    strategy: str = "low_confidence_static"
+    threshold: float = 0.9
+    max_new_tokens: int = 128
+
+
+@dataclass
+class Config:
+    model: str = "nano"  # initial weights: a checkpoint directory, or a preset name (random weights)
+    out: str = "runs/train"
+    block_size: int = 1  # ar: 1; distill: the student's block size
+    block_sizes: list = field(default_factory=lambda: [4, 8, 16, 32])  # adapt chain
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _coerce(value: Any, current: Any, name: str) -> Any:
+    if value is None or current is None:
+        return value
+    if isinstance(current, bool):
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}: expected true/false, got {value!r}")
+    if isinstance(current, int) and not isinstance(current, bool):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    if isinstance(current, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 3e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{name}: expected a number, got {value!r}")
+    if isinstance(current, str) and not isinstance(value, str):
+        return str(value)
+    if isinstance(current, list) and isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(current, list) and not isinstance(value, list):
+        if isinstance(value, str):
+            return [int(v) if v.strip().lstrip("-").isdigit() else v.strip() for v in value.split(",") if v.strip()]
+        raise ConfigError(f"{name}: expected a list, got {value!r}")
+    return value
+
+
+def set_key(cfg: Config, dotted: str, value: Any) -> None:
+    """Set `section.key` (or a top-level key) from a parsed value, checking the key exists."""
+    parts = dotted.split(".")
+    target: Any = cfg
+    for part in parts[:-1]:
+        if not dataclasses.is_dataclass(target) or part not in {f.name for f in dataclasses.fields(target)}:
+            raise ConfigError(f"unknown config section {part!r} in {dotted!r}")
+        target = getattr(target, part)
+    key = parts[-1]
+    if not dataclasses.is_dataclass(target) or key not in {f.name for f in dataclasses.fields(target)}:
+        raise ConfigError(f"unknown config key {dotted!r}")
+    current = getattr(target, key)
+    if current is None and value is not None:  # Optional[...] field: coerce by its declared type
+        declared = {f.name: f.type for f in dataclasses.fields(target)}[key]
+        declared = declared if isinstance(declared, str) else getattr(declared, "__name__", "")
+        current = 0 if "int" in declared else 0.0 if "float" in declared else ""
+    if dataclasses.is_dataclass(current):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{dotted}: expected a mapping of keys, got {value!r}")
+        for k, v in value.items():
+            set_key(cfg, f"{dotted}.{k}", v)
+        return
+    setattr(target, key, _coerce(value, current, dotted))
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Defaults, then the YAML file, then `key=value` overrides (values parsed as YAML)."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        for key, value in raw.items():
+            set_key(cfg, key, value)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        key, text = item.split("=", 1)
+        set_key(cfg, key.strip(), yaml.safe_load(text) if text.strip() else None)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    if cfg.data.on_bad_sample not in ("skip", "error"):
+        raise ConfigError(f"data.on_bad_sample must be skip or error, got {cfg.data.on_bad_sample!r}")
+    if cfg.train.batch_size < 1 or cfg.train.grad_accum < 1:
+        raise ConfigError("train.batch_size and train.grad_accum must be >= 1")
+    if cfg.block_size < 1 or any(int(b) < 1 for b in cfg.block_sizes):
+        raise ConfigError(f"block sizes must be >= 1, got {cfg.block_size} / {cfg.block_sizes}")
+    if not 0.0 <= cfg.noise.t_min <= cfg.noise.t_max <= 1.0 or cfg.noise.t_max <= 0:
+        raise ConfigError(f"need 0 <= noise.t_min <= noise.t_max <= 1, got {cfg.noise.t_min}, {cfg.noise.t_max}")
+    if cfg.distill.divergence not in ("jsd", "forward_kl", "reverse_kl"):
+        raise ConfigError(f"distill.divergence must be jsd, forward_kl or reverse_kl, got {cfg.distill.divergence!r}")
+    if not 0.0 <= cfg.distill.ratio <= 1.0:
+        raise ConfigError(f"distill.ratio must be in [0, 1], got {cfg.distill.ratio}")
+    if cfg.train.parallel not in ("ddp", "fsdp2"):
+        raise ConfigError(f"train.parallel must be ddp or fsdp2, got {cfg.train.parallel!r}")
+    if cfg.train.backend not in ("sdpa", "flex"):
+        raise ConfigError(f"train.backend must be sdpa or flex, got {cfg.train.backend!r}")

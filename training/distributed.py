@@ -1,0 +1,94 @@
+"""Process group set-up under `torchrun` (gloo on CPU, nccl on GPU) and model wrapping.
+
+Without torchrun's environment (WORLD_SIZE unset or 1) everything is a single process and the helpers
+are no-ops. DDP wraps the module a step calls (`objective.SelectedLogits`) so gradient all-reduce hooks
+fire; FSDP2 (`fully_shard`) shards each decoder layer for models too large to replicate.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def pick_device(pref: str, local_rank: int = 0) -> torch.device:
+    if pref == "auto":
+        pref = "cuda" if torch.cuda.is_available() else "cpu"
+    if pref == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device is cuda but no CUDA device is available")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device(pref)
+
+
+def init_distributed(device_pref: str = "auto") -> DistContext:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_pref, local_rank)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistContext(rank, world, local_rank, device)
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if not ctx.enabled:
+        return value
+    out = value.detach().clone().float()
+    dist.all_reduce(out)
+    return out / ctx.world
+
+
+def broadcast_flag(flag: bool, ctx: DistContext) -> bool:
+    if not ctx.enabled:
+        return flag
+    t = torch.tensor([int(flag)], device=ctx.device if ctx.device.type == "cuda" else "cpu")
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
+def wrap(module: torch.nn.Module, ctx: DistContext, parallel: str = "ddp") -> torch.nn.Module:
+    """DDP (or FSDP2) around the step module; the bare module in a single process."""
+    if not ctx.enabled:
+        return module
+    if parallel == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in module.model.model.language_model.layers:
+            fully_shard(layer)
+        fully_shard(module)
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    # text-only batches leave the vision tower unused: let DDP find such parameters every step
+    return DDP(module, device_ids=ids, find_unused_parameters=True)
+
+
+def cleanup(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

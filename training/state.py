@@ -1,0 +1,86 @@
+"""Resumable training checkpoints: the model as a Hugging Face directory plus the trainer state.
+
+Layout of a resume point `<stage>/resume/`: `model/` (safetensors, processor, wam_diff.json) and
+`trainer_state.pt` (optimizer, scheduler, step, RNG states). The whole directory is written to a
+temporary sibling first and renamed into place, so a crash mid-write leaves the previous point intact.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from wam_diff_core.model.checkpoint import LoadedModel, save_model
+
+STATE_FILE = "trainer_state.pt"
+MODEL_DIR = "model"
+
+
+def atomic_replace(tmp: Path, path: Path) -> None:
+    """Move the finished directory `tmp` onto `path` (the old one, if any, is removed after)."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_model_as(loaded: LoadedModel, model: torch.nn.Module, block_size: int, path: Path) -> Path:
+    """Save `model` (the unwrapped module being trained) with loaded's processor, trained_block_size = B."""
+    settings = replace(loaded.settings, trained_block_size=int(block_size))
+    return save_model(LoadedModel(model, loaded.processor, settings, loaded.name), path)
+
+
+def save_resume(path: Path, loaded: LoadedModel, model: torch.nn.Module, block_size: int,
+                optimizer: torch.optim.Optimizer, scheduler: Any, step: int, extra: Optional[dict] = None) -> Path:
+    """Write a resume point atomically (rank 0; under DDP every rank holds the same state)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        save_model_as(loaded, model, block_size, tmp / MODEL_DIR)
+        torch.save({
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+            "extra": extra or {},
+        }, tmp / STATE_FILE)
+        atomic_replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def load_resume(path: Path) -> dict:
+    state_file = Path(path) / STATE_FILE
+    if not state_file.is_file():
+        raise FileNotFoundError(f"resume state not found: {state_file}")
+    # our own file (numpy RNG state needs the full unpickler); never load a resume point you did not write
+    return torch.load(state_file, map_location="cpu", weights_only=False)

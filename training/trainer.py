@@ -1,0 +1,357 @@
+"""One training stage: load, train for a number of optimizer steps, checkpoint, evaluate.
+
+A stage writes into `<out>/<name>/`:
+- `model/`: the final Hugging Face checkpoint, `wam_diff.json` with trained_block_size = B;
+- `resume/`: the latest resume point while the stage runs (removed once `model/` is written);
+- `metrics.jsonl` (one line per logged step), `tb/` (TensorBoard), `eval.json` (validation),
+  `param_digest.rank<r>.txt` (a hash of the final parameters per process).
+Resuming reloads weights, optimizer, scheduler and RNG states from `resume/` and continues the data
+stream and the per-step noise exactly where they were (both depend only on the seed and the step).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+from tqdm import tqdm
+
+from wam_diff_core.attention.backends import use_backend
+from wam_diff_core.decoding.block_diffusion import generate
+from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
+
+from .collate import TrainBatch, collate
+from .config import Config, ConfigError
+from .data import DataError, DrivingDataset, Example, MixSampler, build_datasets
+from .distributed import DistContext, all_reduce_mean, barrier, wrap
+from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
+from .objective import SelectedLogits, diffusion_loss, distill_loss
+from .state import MODEL_DIR, STATE_FILE, load_resume, save_model_as, save_resume, set_rng_state
+
+FINAL_DIR = "model"
+RESUME_DIR = "resume"
+
+
+class StageExists(RuntimeError):
+    """The stage directory already holds a run and neither --resume nor --overwrite was given."""
+
+
+@dataclass
+class Stage:
+    """name: directory under cfg.out; init: checkpoint directory or preset; teacher: checkpoint (distill)."""
+
+    name: str
+    block_size: int
+    init: str
+    teacher: Optional[str] = None
+    teacher_block_size: Optional[int] = None
+
+    @property
+    def with_noisy(self) -> bool:
+        return self.block_size > 1 or (self.teacher is not None and (self.teacher_block_size or 1) > 1)
+
+
+def param_groups(model: torch.nn.Module, lr: float, vision_lr: float, weight_decay: float) -> list[dict]:
+    """AdamW groups: vision tower vs the rest, each with and without weight decay (none on norms/biases)."""
+    groups: dict[tuple[bool, bool], list] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        vision = name.startswith("model.visual.")
+        decay = p.ndim >= 2 and "norm" not in name
+        groups.setdefault((vision, decay), []).append(p)
+    return [
+        {"params": ps, "lr": vision_lr if vision else lr, "weight_decay": weight_decay if decay else 0.0,
+         "name": f"{'vision' if vision else 'text'}{'' if decay else '_no_decay'}"}
+        for (vision, decay), ps in sorted(groups.items())
+    ]
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float):
+    """LR multiplier: linear warm-up to 1 over `warmup_steps`, then cosine down to `min_ratio`."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return factor
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def noise_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    return (seed * 1_000_003 + step * 4099 + micro * 131 + rank * 7_919_993) % (2**63 - 1)
+
+
+class _IndexStream:
+    """batch_sampler for a DataLoader: the sampler's micro-batches from `start` on."""
+
+    def __init__(self, sampler: MixSampler, start: int):
+        self.sampler, self.start = sampler, start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _, batch in self.sampler.stream(self.start):
+            yield batch
+
+
+def _collate_fn(pad_id: int, with_noisy: bool):
+    def fn(items):
+        return collate(items, pad_id, with_noisy)
+    return fn
+
+
+class MetricsLog:
+    """metrics.jsonl (rank 0), truncated to the resumed step so a resumed run has one line per step."""
+
+    def __init__(self, path: Path, start_step: int, tensorboard: bool):
+        self.path = path
+        lines = []
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= start_step:
+                        lines.append(line)
+                except json.JSONDecodeError:
+                    continue
+        path.write_text("".join(l + "\n" for l in lines))
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(path.parent / "tb"))
+            except ImportError:  # tensorboard is optional (requirements-train.txt pins it)
+                self.writer = None
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.writer.add_scalar(k, v, row["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _load_init(init: str, seed: int, device) -> LoadedModel:
+    if Path(init).is_dir():
+        return load(init, device=device)
+    return build_preset(init, device=device, seed=seed)
+
+
+def _examples(dataset: DrivingDataset, limit: int) -> list[Example]:
+    out = []
+    for i in range(len(dataset)):
+        x = dataset[i]
+        if isinstance(x, Example):
+            out.append(x)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _on_policy_batch(model, loaded: LoadedModel, batch: TrainBatch, block_size: int, steps: Optional[int],
+                     max_new_tokens: int, backend: str, with_noisy: bool, pad_id: int) -> TrainBatch:
+    """The batch with each response replaced by the student's own decoded answer (+ EOS)."""
+    from wam_diff_core.model.runner import ModelRunner
+
+    runner = ModelRunner(model, backend)
+    device = runner.device
+    cfg = decoder_config(block_size, steps, "low_confidence_static", 0.9, max_new_tokens, backend)
+    res = generate(runner, prompt_batch(batch.examples, pad_id).to(device), cfg, loaded.settings.mask_token_id,
+                   loaded.settings.eos_token_id)
+    model.train()
+    eos = loaded.settings.eos_token_id
+    new = [x.with_response(torch.tensor(ids + [eos], dtype=torch.long)) for x, ids in zip(batch.examples, res.token_ids)]
+    return collate(new, pad_id, with_noisy).to(device)
+
+
+def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False, overwrite: bool = False) -> Optional[Path]:
+    """Train one stage. Returns the final checkpoint directory, or None when stopped early (`stop_after`)."""
+    tc = cfg.train
+    stage_dir = Path(cfg.out) / stage.name
+    final_dir, resume_dir = stage_dir / FINAL_DIR, stage_dir / RESUME_DIR
+    if (final_dir / "config.json").is_file() and not overwrite:
+        if resume:
+            if ctx.is_main:
+                print(f"[{stage.name}] done already: {final_dir}")
+            return final_dir
+        raise StageExists(f"{stage_dir} holds a finished stage; pass --resume to reuse it or --overwrite to retrain")
+    resuming = resume and (resume_dir / STATE_FILE).is_file()
+    if not resuming and stage_dir.exists() and any(stage_dir.iterdir()):
+        if not overwrite:
+            raise StageExists(f"{stage_dir} is not empty; pass --resume to continue it or --overwrite to start over")
+        if ctx.is_main:
+            shutil.rmtree(stage_dir)
+    barrier(ctx)
+    if tc.parallel == "fsdp2" and ctx.enabled:
+        raise ConfigError("train.parallel=fsdp2: sharded checkpoint saving is not implemented yet; use ddp")
+
+    device = ctx.device
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    torch.manual_seed(tc.seed)
+    loaded = _load_init(str(resume_dir / MODEL_DIR) if resuming else stage.init, tc.seed, device)
+    if loaded.processor is None:
+        raise ConfigError(f"{stage.init}: a preset without a tokenizer cannot be trained; use nano or a checkpoint")
+    model = loaded.model
+    use_backend(model, tc.backend)
+    model.train()
+    mask_id = loaded.settings.mask_token_id
+    tok = loaded.processor.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else loaded.settings.eos_token_id
+
+    teacher = None
+    teacher_B = stage.teacher_block_size
+    if stage.teacher is not None:
+        t_loaded = load(stage.teacher, device=device)
+        teacher = t_loaded.model.eval()
+        teacher.requires_grad_(False)
+        use_backend(teacher, tc.backend)
+        teacher_B = teacher_B or t_loaded.settings.trained_block_size
+        if t_loaded.settings.mask_token_id != mask_id:
+            raise ConfigError(f"teacher mask token id {t_loaded.settings.mask_token_id} differs from the student's {mask_id}")
+
+    dc = cfg.data
+    dataset = build_datasets(dc.train, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, dc.on_bad_sample)
+    scan_skipped = dataset.skipped()
+    sampler = MixSampler(dataset.sizes, dataset.weights, tc.batch_size, tc.seed, dc.epoch_size, ctx.rank, ctx.world)
+    steps_total = tc.max_steps or max(1, math.ceil(tc.epochs * sampler.batches_per_epoch / tc.grad_accum))
+    warmup = cfg.optim.warmup_steps if cfg.optim.warmup_steps is not None else math.ceil(cfg.optim.warmup_ratio * steps_total)
+
+    oc = cfg.optim
+    optimizer = torch.optim.AdamW(param_groups(model, oc.lr, oc.vision_lr, oc.weight_decay), lr=oc.lr,
+                                  betas=(oc.beta1, oc.beta2), eps=oc.eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps_total, warmup, oc.min_lr_ratio))
+    start_step = 0
+    if resuming:
+        state = load_resume(resume_dir)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        start_step = int(state["step"])
+
+    module = wrap(SelectedLogits(model), ctx, tc.parallel)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if ctx.is_main:
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        (stage_dir / "config.json").write_text(json.dumps({"stage": stage.__dict__, "config": cfg.to_dict(),
+                                                            "world": ctx.world, "steps": steps_total}, indent=2))
+    log = MetricsLog(stage_dir / "metrics.jsonl", start_step, tc.tensorboard) if ctx.is_main else None
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=_IndexStream(sampler, start_step * tc.grad_accum),
+        collate_fn=_collate_fn(pad_id, stage.with_noisy), num_workers=dc.num_workers,
+    )
+    batches = iter(loader)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and tc.bf16
+                else contextlib.nullcontext())
+    dist_cfg = cfg.distill
+    skipped_runtime = 0
+    last_good: Optional[TrainBatch] = None
+    stop_at = steps_total if tc.stop_after is None else min(steps_total, start_step + tc.stop_after)
+    bar = tqdm(total=steps_total, initial=start_step, desc=stage.name, disable=not (ctx.is_main and tc.progress),
+               dynamic_ncols=True)
+    step = start_step
+    t_last, last_log_step = time.perf_counter(), start_step
+    while step < stop_at:
+        stats_acc: dict[str, float] = {}
+        on_policy = teacher is not None and dist_cfg.on_policy_every > 0 and step % dist_cfg.on_policy_every == 0
+        for micro in range(tc.grad_accum):
+            batch = next(batches)
+            scale = 1.0
+            if batch is not None:
+                skipped_runtime += len(batch.skipped)
+                if dc.on_bad_sample == "error" and batch.skipped:
+                    bad = batch.skipped[0]
+                    raise DataError(f"sample {bad.sample_id!r}: {bad.reason}")
+            if batch is None or batch.input_ids is None:
+                if last_good is None:
+                    raise DataError("a whole micro-batch of bad samples before any good one; check the dataset")
+                batch, scale = last_good, 0.0  # keep every process's forward/backward in step
+            else:
+                batch = batch.to(device)
+                last_good = batch
+            if on_policy:
+                batch = _on_policy_batch(model, loaded, batch, stage.block_size, dist_cfg.on_policy_steps,
+                                         dc.max_response_tokens - 1, tc.backend, stage.with_noisy, pad_id)
+            gen = torch.Generator(device=device).manual_seed(noise_seed(tc.seed, step, micro, ctx.rank))
+            sync = module.no_sync() if ctx.enabled and micro < tc.grad_accum - 1 else contextlib.nullcontext()
+            with sync, autocast:
+                if teacher is None:
+                    out = diffusion_loss(module, model, batch, stage.block_size, mask_id, gen, cfg.noise.t_min,
+                                         cfg.noise.t_max)
+                else:
+                    out = distill_loss(module, model, teacher, batch, stage.block_size, teacher_B, mask_id, gen,
+                                       cfg.noise.t_min, cfg.noise.t_max, 1.0 if on_policy else dist_cfg.ratio,
+                                       dist_cfg.divergence, dist_cfg.beta, dist_cfg.temperature, dist_cfg.chunk_size)
+                (out.loss * (scale / tc.grad_accum)).backward()
+            for k, v in {"loss": out.loss.detach(), **out.stats}.items():
+                stats_acc[k] = stats_acc.get(k, 0.0) + float(v) / tc.grad_accum
+        if oc.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, oc.grad_clip)
+        else:
+            grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        bar.update(1)
+        if step % tc.log_every == 0 or step == stop_at:
+            now = time.perf_counter()
+            loss_mean = float(all_reduce_mean(torch.tensor(stats_acc["loss"]), ctx))
+            row = {"step": step, "epoch": (step * tc.grad_accum) / max(1, sampler.batches_per_epoch),
+                   **{f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups if g["name"] in ("text", "vision")}, "grad_norm": float(grad_norm), "loss_mean_ranks": loss_mean,
+                   "sec_per_step": (now - t_last) / (step - last_log_step),
+                   "skipped_scan": sum(scan_skipped.values()), "skipped_runtime": skipped_runtime,
+                   "on_policy": on_policy, **stats_acc}
+            t_last, last_log_step = now, step
+            if log is not None:
+                log.write(row)
+                bar.set_postfix(loss=f"{stats_acc['loss']:.4f}")
+        if (step % tc.save_every == 0 or step == stop_at) and step < steps_total:
+            if ctx.is_main:
+                save_resume(resume_dir, loaded, model, stage.block_size, optimizer, scheduler, step,
+                            {"stage": stage.name})
+            barrier(ctx)
+    bar.close()
+    if log is not None:
+        log.close()
+    if step < steps_total:
+        if ctx.is_main:
+            print(f"[{stage.name}] stopped after step {step}/{steps_total}; continue with --resume")
+        return None
+
+    (stage_dir / f"param_digest.rank{ctx.rank}.txt").write_text(param_digest(model) + "\n")
+    if ctx.is_main:
+        save_model_as(loaded, model, stage.block_size, final_dir)
+        shutil.rmtree(resume_dir, ignore_errors=True)
+        summary = {"stage": stage.name, "block_size": stage.block_size, "steps": steps_total,
+                   "skipped_scan": scan_skipped, "skipped_runtime": skipped_runtime}
+        if cfg.eval.enabled and dc.val:
+            ec = cfg.eval
+            val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip")
+            metrics = evaluate(model, loaded.processor, loaded.settings, _examples(val, ec.max_samples),
+                               stage.block_size, ec.steps, ec.strategy, ec.threshold, ec.max_new_tokens,
+                               ec.batch_size, tc.backend)
+            metrics["skipped_val"] = val.stats.skipped
+            write_eval(stage_dir / "eval.json", metrics)
+            summary["eval"] = metrics
+        (stage_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    barrier(ctx)
+    return final_dir
