@@ -228,3 +228,19 @@ print("ok", cls.__name__)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "ok WamDiffAgent"
+
+
+def test_steer_is_normalised_by_the_hero_full_lock():
+    from types import SimpleNamespace
+
+    from wam_diff_ros.carla.frames import carla_steer
+
+    assert carla_steer(math.radians(10.0), math.radians(70.0)) == pytest.approx(-1 / 7)
+    assert carla_steer(-math.radians(80.0), math.radians(70.0)) == 1.0  # right turn beyond full lock
+    a, _ = make_agent(LEFT_ARC)
+    ctrl_default = a.run_step(input_data(0, speed=5.0), 0.0)  # no hero: the controller's 35 deg lock
+    b, _ = make_agent(LEFT_ARC)
+    wheels = [SimpleNamespace(max_steer_angle=70.0)] * 4
+    b.hero_actor = SimpleNamespace(get_physics_control=lambda: SimpleNamespace(wheels=wheels))
+    ctrl_hero = b.run_step(input_data(0, speed=5.0), 0.0)
+    assert ctrl_hero.steer == pytest.approx(ctrl_default.steer / 2, rel=1e-5) and ctrl_hero.steer < 0

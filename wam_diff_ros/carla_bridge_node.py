@@ -31,7 +31,8 @@ import yaml
 from wam_diff_core.control import Controller, ControllerConfig
 from wam_diff_core.types import check_command
 from wam_diff_ros.carla.agent_config import validate_sensors
-from wam_diff_ros.carla.frames import carla_to_rh, carla_yaw_to_heading, ego_state_from_carla
+from wam_diff_ros.carla.frames import (carla_steer, carla_to_rh, carla_yaw_to_heading, ego_state_from_carla,
+                                       vehicle_max_steer_rad)
 from wam_diff_ros.carla.plan_tracking import HeldPlan, valid_trajectory
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "carla_bridge.yaml"
@@ -192,7 +193,9 @@ def run_bridge(cfg: BridgeConfig, connect_fn=None, context=None, stop=None) -> i
     ticks = 0
     try:
         with session:
-            node.get_logger().info(f"connected to {cfg.host}:{cfg.port}; synchronous at {cfg.fixed_delta_s} s steps")
+            max_steer = vehicle_max_steer_rad(session.ego) or cfg.controller.max_steer_rad
+            node.get_logger().info(f"connected to {cfg.host}:{cfg.port}; synchronous at {cfg.fixed_delta_s} s steps; "
+                                   f"full lock {math.degrees(max_steer):.1f} deg")
             while context.ok() and (cfg.max_ticks <= 0 or ticks < cfg.max_ticks) and not (stop and stop.is_set()):
                 start = time.monotonic()
                 data = session.tick()
@@ -224,7 +227,7 @@ def run_bridge(cfg: BridgeConfig, connect_fn=None, context=None, stop=None) -> i
                 ctrl = controller.step(wps, data["ego"]["speed"], cfg.fixed_delta_s, plan_age_s=age)
                 if ctrl.reason in ("invalid plan", "stale plan"):
                     counts["brake_ticks"] += 1
-                session.apply_control(ctrl.throttle, float(np.clip(-cfg.steer_scale * ctrl.steer_norm, -1.0, 1.0)), ctrl.brake)
+                session.apply_control(ctrl.throttle, carla_steer(ctrl.steer, max_steer, cfg.steer_scale), ctrl.brake)
     except KeyboardInterrupt:
         pass
     finally:

@@ -26,7 +26,8 @@ import numpy as np
 from wam_diff_core.control import Controller
 from wam_diff_core.types import EgoState, Plan
 from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG, AgentConfig
-from wam_diff_ros.carla.frames import GeoProjection, compass_to_heading, ego_state_from_imu
+from wam_diff_ros.carla.frames import (GeoProjection, carla_steer, compass_to_heading, ego_state_from_imu,
+                                       vehicle_max_steer_rad)
 from wam_diff_ros.carla.plan_tracking import HeldPlan, shift_plan, valid_trajectory  # noqa: F401 (shift_plan re-exported)
 from wam_diff_ros.carla.route_planner import RoutePlanner
 
@@ -100,6 +101,7 @@ class WamDiffAgent(AutonomousAgent):
         self._route: Optional[RoutePlanner] = None
         self._geo: Optional[GeoProjection] = None
         self._held: Optional[HeldPlan] = None
+        self._max_steer: Optional[float] = None
         self._heading = 0.0
         self._last_control = None
         self._comfort_every = max(1, int(round(self.config.sim_hz / self.config.comfort_hz)))
@@ -186,9 +188,19 @@ class WamDiffAgent(AutonomousAgent):
         self._last_control = control
         return carla.VehicleControl(
             throttle=float(np.clip(control.throttle, 0.0, 1.0)),
-            steer=float(np.clip(-cfg.steer_scale * control.steer_norm, -1.0, 1.0)),
+            steer=carla_steer(control.steer, self._max_steer_rad(), cfg.steer_scale),
             brake=float(np.clip(control.brake, 0.0, 1.0)),
         )
+
+    def _max_steer_rad(self) -> float:
+        """Full lock of the ego: the YAML's max_steer_deg, else the hero vehicle's physics (read once),
+        else the controller's own limit (then CARLA steer = the controller's normalised steer)."""
+        if self._max_steer is None:
+            if self.config.max_steer_deg is not None:
+                self._max_steer = math.radians(self.config.max_steer_deg)
+            else:
+                self._max_steer = vehicle_max_steer_rad(getattr(self, "hero_actor", None)) or self.config.controller.max_steer_rad
+        return self._max_steer
 
     def summary(self) -> dict:
         """Counters of this route: ticks, plans (valid / invalid / late), brake ticks, plan wall time."""

@@ -83,7 +83,8 @@ class AgentConfig:
     speedometer: str = "speed"
     imu: str = "imu"
     gnss: str = "gnss"
-    steer_scale: float = 1.0                          # CARLA steer = -steer_scale * controller steer_norm
+    steer_scale: float = 1.0                          # extra gain on CARLA steer (1.0: geometric)
+    max_steer_deg: Optional[float] = None             # ego full lock; None: from the hero's physics
     comfort_hz: float = 10.0                          # ego signals logged for the comfort metric
     sensors: list = field(default_factory=list)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
@@ -130,6 +131,8 @@ class AgentConfig:
                 raise AgentConfigError(f"{src}: {name} must be a positive number, got {v!r}")
         if self.plan_hz > self.sim_hz:
             raise AgentConfigError(f"{src}: plan_hz {self.plan_hz} exceeds sim_hz {self.sim_hz}")
+        if self.max_steer_deg is not None and (not isinstance(self.max_steer_deg, (int, float)) or not 0 < self.max_steer_deg < 90):
+            raise AgentConfigError(f"{src}: max_steer_deg must be null or in (0, 90) degrees, got {self.max_steer_deg!r}")
         if self.late_plan_s is not None and (not isinstance(self.late_plan_s, (int, float)) or self.late_plan_s <= 0):
             raise AgentConfigError(f"{src}: late_plan_s must be null or a positive number of seconds, got {self.late_plan_s!r}")
         by_id = {s["id"]: s["type"] for s in self.sensors}

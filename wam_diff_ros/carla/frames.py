@@ -183,3 +183,23 @@ class GeoProjection:
             lat_refs.append(lat_ref)
             lon_refs.append(lon - x * 180.0 / (math.pi * EARTH_RADIUS_M * s))
         return cls(float(np.median(lat_refs)), float(np.median(lon_refs)))
+
+
+# ---------------------------------------------------------------- steering
+
+def carla_steer(steer_rad: float, max_steer_rad: float, scale: float = 1.0) -> float:
+    """Front-wheel angle (rad, + left, the controller's) -> CARLA steer in [-1, 1] (+ right), for a
+    vehicle whose full lock is `max_steer_rad`."""
+    if not max_steer_rad > 0:
+        raise ValueError(f"max_steer_rad must be > 0, got {max_steer_rad!r}")
+    return float(np.clip(-scale * steer_rad / max_steer_rad, -1.0, 1.0))
+
+
+def vehicle_max_steer_rad(actor) -> "float | None":
+    """Full-lock front-wheel angle of a CARLA vehicle (physics control, degrees -> rad); None if unknown."""
+    try:
+        wheels = actor.get_physics_control().wheels
+        angle = max(float(w.max_steer_angle) for w in wheels[:2])
+    except Exception:  # no actor, no physics (fakes), server error: the caller falls back
+        return None
+    return math.radians(angle) if angle > 0 else None
