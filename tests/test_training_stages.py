@@ -1,0 +1,171 @@
+"""Training stages end to end on the nano model and tiny datasets written here (CPU, seconds each)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+from transformers import Qwen3VLForConditionalGeneration
+
+from training.cli import main
+from training.config import ConfigError, load_config
+from training.data import MixSampler
+from wam_diff_core.model.checkpoint import LoadedModel, load_model, save_model
+
+ANSWERS = ["left lane free", "stop now", "go slow", "truck ahead", "red light", "turn right", "keep lane", "car left"]
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def nano_ckpt(nano, tmp_path_factory):
+    """A freshly initialised nano model (default init, not the decoding tests' wide one), saved once."""
+    torch.manual_seed(0)
+    model = Qwen3VLForConditionalGeneration._from_config(nano.model.config)
+    path = tmp_path_factory.mktemp("nano") / "init"
+    save_model(LoadedModel(model.eval(), nano.processor, nano.settings, "nano"), path)
+    return path
+
+
+def write_dataset(root: Path, n: int = 8, bad: bool = False) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(root / f"cam{i}.png")
+        samples.append({"id": f"s{i}", "datasource": "toy", "task": "qa", "image": [f"cam{i}.png"],
+                        "conversations": [{"from": "human", "value": f"<image>Case {i}?"},
+                                          {"from": "gpt", "value": ANSWERS[i % len(ANSWERS)]}]})
+    if bad:
+        samples.append({"id": "no-image", "datasource": "toy", "task": "qa", "image": ["gone.png"],
+                        "conversations": [{"from": "human", "value": "<image>?"}, {"from": "gpt", "value": "x"}]})
+        samples.append({"id": "empty", "datasource": "toy", "task": "qa", "image": [], "conversations": []})
+    path = root / "train.json"
+    path.write_text(json.dumps(samples))
+    return path
+
+
+FAST = ["--no-progress", "--set", "train.threads=1", "--set", "train.tensorboard=false"]
+
+
+def _metrics(stage_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_overfit_loss_falls_10x_and_greedy_decoding_reproduces_targets_at_b1_and_after_adapt_to_b4(nano_ckpt, tmp_path):
+    data = write_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    common = ["--data", str(data), "--val", str(data), "--out", str(out), "--batch-size", "8", "--lr", "3e-3",
+              "--set", "optim.vision_lr=3e-3", "--set", "optim.weight_decay=0", "--set", "optim.warmup_steps=3",
+              "--set", "eval.max_new_tokens=12", *FAST]
+    assert main(["ar", "--init", str(nano_ckpt), "--max-steps", "30", *common]) == 0
+    assert main(["adapt", "--init", str(out / "ar" / "model"), "--block-sizes", "4", "--max-steps", "60",
+                 "--set", "noise.t_min=0.2", *common]) == 0
+    for stage, B in (("ar", 1), ("block4", 4)):
+        losses = [r["loss"] for r in _metrics(out / stage)]
+        assert losses[0] / np.mean(losses[-5:]) >= 10, (stage, losses[0], losses[-5:])
+        ev = json.loads((out / stage / "eval.json").read_text())
+        assert ev["block_size"] == B and ev["samples"] == 8
+        assert ev["exact_match"] == 1.0, (stage, ev)
+        assert json.loads((out / stage / "model" / "wam_diff.json").read_text())["trained_block_size"] == B
+    assert load_model(out / "block4" / "model").settings.trained_block_size == 4
+
+
+def test_interrupted_run_resumed_gives_parameters_identical_to_an_uninterrupted_run(nano_ckpt, tmp_path):
+    data = write_dataset(tmp_path / "data", n=8)
+    args = ["adapt", "--init", str(nano_ckpt), "--block-sizes", "4", "--data", str(data), "--max-steps", "4",
+            "--batch-size", "4", "--lr", "1e-3", "--set", "train.save_every=1", "--set", "eval.enabled=false", *FAST]
+    assert main([*args, "--out", str(tmp_path / "straight")]) == 0
+    assert main([*args, "--out", str(tmp_path / "cut"), "--stop-after", "2"]) == 0
+    cut = tmp_path / "cut" / "block4"
+    assert not (cut / "model").exists() and (cut / "resume" / "trainer_state.pt").is_file()
+    assert main([*args, "--out", str(tmp_path / "cut"), "--resume"]) == 0
+    a = load_file(tmp_path / "straight" / "block4" / "model" / "model.safetensors")
+    b = load_file(cut / "model" / "model.safetensors")
+    init = load_file(nano_ckpt / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], init[k]) for k in a)  # training moved the weights
+    assert [r["step"] for r in _metrics(cut)] == [1, 2, 3, 4]
+    assert [r["loss"] for r in _metrics(cut)] == [r["loss"] for r in _metrics(tmp_path / "straight" / "block4")]
+
+
+def test_two_process_torchrun_run_completes_and_both_ranks_hold_identical_parameters(nano_ckpt, tmp_path):
+    data = write_dataset(tmp_path / "data", n=8)
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "training.cli",
+           "adapt", "--init", str(nano_ckpt), "--block-sizes", "4", "--data", str(data), "--out", str(out),
+           "--max-steps", "3", "--batch-size", "2", "--lr", "1e-3", "--set", "eval.enabled=false", *FAST]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stage = out / "block4"
+    d0 = (stage / "param_digest.rank0.txt").read_text()
+    d1 = (stage / "param_digest.rank1.txt").read_text()
+    assert d0 == d1
+    assert json.loads((stage / "config.json").read_text())["world"] == 2
+    assert len(_metrics(stage)) == 3
+    assert (stage / "model" / "model.safetensors").is_file()
+
+
+def test_distillation_honours_the_teacher_block_size_and_logs_jsd_and_top5(nano_ckpt, tmp_path):
+    data = write_dataset(tmp_path / "data", n=4)
+    out = tmp_path / "kd"
+    assert main(["distill", "--teacher", str(nano_ckpt), "--teacher-block-size", "2", "--student", str(nano_ckpt),
+                 "--block-size", "4", "--ratio", "0.5", "--on-policy-every", "2", "--data", str(data), "--out", str(out),
+                 "--max-steps", "2", "--batch-size", "2", "--set", "eval.enabled=false",
+                 "--set", "data.max_response_tokens=12", *FAST]) == 0
+    rows = _metrics(out / "distill")
+    assert [r["on_policy"] for r in rows] == [True, False]
+    assert all(0.0 <= r["top5"] <= 1.0 and 0.0 <= r["jsd"] <= np.log(2) for r in rows)
+    # same weights at another block size: the teacher sees more clean context, so they disagree somewhat
+    assert rows[1]["jsd"] > 0
+    stage = json.loads((out / "distill" / "config.json").read_text())["stage"]
+    assert stage["teacher_block_size"] == 2 and stage["block_size"] == 4
+
+
+def test_bad_training_data_is_skipped_and_counted_or_stops_naming_the_sample(nano_ckpt, tmp_path, capsys):
+    data = write_dataset(tmp_path / "data", n=4, bad=True)
+    args = ["ar", "--init", str(nano_ckpt), "--data", str(data), "--max-steps", "1", "--batch-size", "4",
+            "--set", "eval.enabled=false", *FAST]
+    assert main([*args, "--out", str(tmp_path / "skip")]) == 0
+    summary = json.loads((tmp_path / "skip" / "ar" / "summary.json").read_text())
+    assert summary["skipped_scan"] == {"missing image": 1, "bad conversation": 1}
+    assert _metrics(tmp_path / "skip" / "ar")[0]["skipped_scan"] == 2
+    assert main([*args, "--out", str(tmp_path / "error"), "--set", "data.on_bad_sample=error"]) == 2
+    assert "no-image" in capsys.readouterr().err
+
+
+def test_mix_sampler_draws_datasets_by_weight_is_reproducible_and_shards_ranks_disjointly():
+    s = MixSampler([10, 30], [3.0, 1.0], batch_size=4, seed=1, epoch_size=40)
+    flat = [i for b in s.epoch_batches(0) for i in b]
+    assert sum(i < 10 for i in flat) == 30 and sum(i >= 10 for i in flat) == 10
+    assert s.epoch_batches(0) == MixSampler([10, 30], [3.0, 1.0], 4, seed=1, epoch_size=40).epoch_batches(0)
+    assert s.epoch_batches(0) != s.epoch_batches(1)
+    r0 = MixSampler([10, 30], [1.0, 1.0], 4, seed=1, rank=0, world=2).epoch_batches(0)
+    r1 = MixSampler([10, 30], [1.0, 1.0], 4, seed=1, rank=1, world=2).epoch_batches(0)
+    assert len(r0) == len(r1) == 5
+    assert not set(map(tuple, r0)) & set(map(tuple, r1))
+    stream = MixSampler([10, 30], [1.0, 1.0], 4, seed=1).stream(start=12)
+    assert next(stream) == (1, MixSampler([10, 30], [1.0, 1.0], 4, seed=1).epoch_batches(1)[2])
+
+
+def test_config_file_overrides_and_unknown_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 2e-4\ntrain:\n  batch_size: 3\nblock_sizes: [4, 8]\n")
+    cfg = load_config(path, ["optim.lr=1e-3", "noise.t_min=0.1"])
+    assert cfg.optim.lr == 1e-3 and cfg.train.batch_size == 3 and cfg.block_sizes == [4, 8] and cfg.noise.t_min == 0.1
+    with pytest.raises(ConfigError, match="optim.lrr"):
+        load_config(path, ["optim.lrr=1"])
+    with pytest.raises(ConfigError, match="batch_size"):
+        load_config(None, ["train.batch_size=many"])
