@@ -35,6 +35,7 @@ setup(
             "wam-diff-planner = wam_diff_ros.planner_node:main",
             "wam-diff-highway-bridge = wam_diff_ros.highway_bridge_node:main",
             "wam-diff-demo = wam_diff_ros.demo:main",
+            "wam-diff-ros-latency = wam_diff_ros.latency_probe:main",
             "wam-diff-bench2drive = wam_diff_ros.carla.runner:main",
             "wam-diff-carla-bridge = wam_diff_ros.carla_bridge_node:main",
         ],

@@ -36,7 +36,8 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import Header, String  # noqa: E402
 
-from wam_diff_msgs.msg import DrivingAnswer, Trajectory  # noqa: E402
+from visualization_msgs.msg import Marker, MarkerArray  # noqa: E402
+from wam_diff_msgs.msg import Detection2DArray, DrivingAnswer, Trajectory  # noqa: E402
 from wam_diff_msgs.srv import AskQuestion  # noqa: E402
 from wam_diff_ros.fake_policy import FakePolicy  # noqa: E402
 from wam_diff_ros.image_conversion import rgb_to_raw  # noqa: E402
@@ -74,6 +75,7 @@ class Probe:
         self.executor.add_node(self.node)
         self.received = defaultdict(list)
         for topic, msg_type in (("trajectory", Trajectory), ("path", Path), ("answer", DrivingAnswer),
+                                ("detections", Detection2DArray), ("markers", MarkerArray),
                                 ("/diagnostics", DiagnosticArray)):
             self.node.create_subscription(msg_type, topic, lambda m, t=topic: self.received[t].append(m), 50)
 
@@ -200,6 +202,44 @@ def test_image_in_gives_trajectory_path_and_diagnostics_out_with_the_input_stamp
     assert values["plans_published"] == "1" and values["frames_received"] == "1"
     assert float(values["latency_p50_ms"]) > 0 and float(values["latency_p95_ms"]) >= float(values["latency_p50_ms"])
     assert values["frames_dropped"] == "0" and values["last_error"] == ""
+
+
+def test_detection_task_publishes_boxes_with_the_image_header_and_markers_follow_the_plan(ros):
+    policy = FakePolicy()
+    node = ros.planner(policy, tasks=["planning", "detection"])
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw")
+    probe.wait_connected(cam, node)
+    probe.wait_for(lambda: all(s.get_publisher_count() >= 1 for s in probe.node.subscriptions
+                               if s.topic_name.endswith(("detections", "markers"))), what="detections/markers")
+    cam.publish(image_msg(3.5, h=40, w=80, frame_id="camera_front"))
+    probe.wait_for(lambda: probe.received["detections"] and probe.received["markers"], what="detections + markers")
+    dets = probe.received["detections"][0]
+    assert _ns(dets.header.stamp) == _ns(_stamp(3.5)) and dets.header.frame_id == "camera_front"
+    assert [d.class_id for d in dets.detections] == ["car"]
+    box = dets.detections[0].bbox  # fake box (0.25, 0.5)-(0.5, 0.75) of an 80 x 40 image
+    assert (box.center.x, box.center.y, box.size_x, box.size_y) == (30.0, 25.0, 20.0, 10.0)
+    markers = probe.received["markers"][0].markers
+    assert [m.type for m in markers] == [Marker.LINE_STRIP, Marker.SPHERE_LIST]
+    assert all(_ns(m.header.stamp) == _ns(_stamp(3.5)) and m.header.frame_id == "base_link" for m in markers)
+    assert len(markers[0].points) == 9 and markers[0].points[-1].x == pytest.approx(4.0)
+
+
+def test_deactivate_during_a_plan_publishes_nothing_more_and_frees_the_model_when_it_returns(ros):
+    policy = FakePolicy(delay_s=1.5)
+    node = ros.planner(policy)
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw")
+    probe.wait_connected(cam, node)
+    cam.publish(image_msg(8.0))
+    probe.wait_for(lambda: len(policy.plan_calls) == 1, what="plan started")
+    start = time.monotonic()
+    assert node.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
+    assert time.monotonic() - start < 1.4  # the transition does not wait for the model
+    assert node.policy is None
+    probe.wait_for(lambda: policy.closed, what="model freed after the plan returned")
+    probe.executor.spin_once(timeout_sec=0.3)
+    assert probe.trajectories() == []
 
 
 def test_two_cameras_20ms_apart_are_matched_and_200ms_apart_are_not(ros):

@@ -120,6 +120,13 @@ def ns_to_stamp(ns: int) -> Time:
     return Time(sec=int(ns // 1_000_000_000), nanosec=int(ns % 1_000_000_000))
 
 
+def _close_policy(policy) -> None:
+    try:
+        policy.close()
+    except Exception as exc:  # noqa: BLE001 - freeing must not fail a transition
+        print(f"{NODE_NAME}: policy.close() failed: {exc}", file=sys.stderr)
+
+
 class PlannerNode(LifecycleNode):
     """Lifecycle node running DrivingPolicy on the newest matched camera frame set."""
 
@@ -224,14 +231,14 @@ class PlannerNode(LifecycleNode):
     def release(self, timeout_s: float = 1.0) -> None:
         """Stop planning and free the model without any ROS call (safe after the context shut down)."""
         worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.stop(timeout_s)
         policy, self.policy = self.policy, None
-        if policy is not None:
-            try:
-                policy.close()
-            except Exception as exc:  # noqa: BLE001
-                print(f"{NODE_NAME}: policy.close() failed: {exc}", file=sys.stderr)
+        stopped = worker.stop(timeout_s) if worker is not None else True
+        if policy is None:
+            return
+        if stopped:
+            _close_policy(policy)
+        else:  # a plan is still running: free the model once it returns, without blocking shutdown
+            threading.Thread(target=lambda: (worker.join(), _close_policy(policy)), daemon=True).start()
 
     def _stop_running(self) -> None:
         for sub in self._subs:
@@ -361,11 +368,13 @@ class PlannerNode(LifecycleNode):
         frame_set, received = job
         with self._odom_lock:
             ego = self._ego
-        command, cfg = self._command, self._cfg
+        command, cfg, policy = self._command, self._cfg, self.policy
+        if policy is None:
+            return
         t0 = time.perf_counter()
         failed = False
         try:
-            plan = self.policy.plan([f.frame for f in frame_set.frames], ego, command, tasks=cfg["tasks"])
+            plan = policy.plan([f.frame for f in frame_set.frames], ego, command, tasks=cfg["tasks"])
         except Exception as exc:  # noqa: BLE001 - bad inputs for the model must not end planning
             # still answer the frame (an invalid Trajectory naming the error): closed loops wait for it
             failed = True
@@ -374,6 +383,8 @@ class PlannerNode(LifecycleNode):
             self._report_error(text)
             plan = Plan(trajectory=None, valid=False, errors={"policy": text})
         policy_s = time.perf_counter() - t0
+        if self.policy is not policy:
+            return  # deactivated while planning: publish nothing
         stamp = ns_to_stamp(frame_set.stamp_ns)
         ego_header = Header(stamp=stamp, frame_id=cfg["base_frame_id"])
         pubs = self._pubs
@@ -391,8 +402,11 @@ class PlannerNode(LifecycleNode):
 
     def _ask(self, job: tuple[str, FrameSet]):
         question, frame_set = job
+        policy = self.policy
+        if policy is None:
+            raise RuntimeError("planner was deactivated before answering")
         t0 = time.perf_counter()
-        answer = self.policy.ask([f.frame for f in frame_set.frames], question)
+        answer = policy.ask([f.frame for f in frame_set.frames], question)
         latency_s = time.perf_counter() - t0
         self.stats.count("questions_answered")
         msg = DrivingAnswer(header=Header(stamp=ns_to_stamp(frame_set.stamp_ns), frame_id=frame_set.frames[0].frame_id),

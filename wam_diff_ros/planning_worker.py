@@ -65,6 +65,10 @@ class PlanningWorker:
             self._cond.notify()
         return future
 
+    def join(self, timeout_s: Optional[float] = None) -> None:
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
     @property
     def idle(self) -> bool:
         """True when nothing is pending and no call is in progress (used by tests and shutdown)."""
