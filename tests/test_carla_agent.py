@@ -132,9 +132,13 @@ def test_route_turn_reaches_the_policy_as_a_command_and_pose_uses_gnss():
 
 
 def test_shift_plan_moves_along_the_trajectory_in_time():
+    from wam_diff_ros.carla.plan_tracking import shift_plan
+
     traj = np.stack([np.arange(1, 9) * 2.5, np.zeros(8)], 1)
-    np.testing.assert_allclose(agent_mod.shift_plan(traj, 0.0), traj)
-    np.testing.assert_allclose(agent_mod.shift_plan(traj, 0.25)[:, 0], np.arange(1, 9) * 2.5 + 1.25)
+    np.testing.assert_allclose(shift_plan(traj, 0.0), traj)
+    np.testing.assert_allclose(shift_plan(traj, 0.25)[:, 0], np.arange(1, 9) * 2.5 + 1.25)  # incl. extrapolation
+    curve = np.stack([np.arange(1, 9) * 2.5, 0.1 * np.arange(1, 9) ** 2], 1)
+    np.testing.assert_allclose(shift_plan(curve, 1.0)[:6], curve[2:])  # 1 s later = two waypoints on
 
 
 def test_bad_sensor_yaml_is_rejected_naming_the_field(tmp_path):

@@ -198,7 +198,6 @@ def test_clock_message_type_is_available_for_the_bridge():
 # ------------------------------------------------------------------ bridge over real rclpy with a fake world
 
 def test_bridge_publishes_image_odometry_clock_and_drives_from_trajectories(monkeypatch):
-    import itertools
     import random
     import threading
 

@@ -28,7 +28,7 @@ from wam_diff_core.types import EgoState, Plan
 from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG, AgentConfig
 from wam_diff_ros.carla.frames import (GeoProjection, carla_steer, compass_to_heading, ego_state_from_imu,
                                        vehicle_max_steer_rad)
-from wam_diff_ros.carla.plan_tracking import HeldPlan, shift_plan, valid_trajectory  # noqa: F401 (shift_plan re-exported)
+from wam_diff_ros.carla.plan_tracking import HeldPlan, valid_trajectory
 from wam_diff_ros.carla.route_planner import RoutePlanner
 
 try:  # inside the leaderboard evaluator
