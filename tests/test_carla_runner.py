@@ -153,3 +153,16 @@ def test_runner_dry_run_prints_evaluator_commands_and_rejects_overlapping_ports(
     assert f"--evaluator" not in lines[0] and str(evaluator.resolve()) in lines[0]
     assert "--port=2100" in lines[1] and "--traffic-manager-port=8100" in lines[1] and "--gpu-rank=3" in lines[1]
     assert "wam_diff_ros/carla/agent.py" in lines[0] and "--resume" not in lines[0]
+
+
+def test_runner_gives_up_on_an_evaluator_that_always_fails_and_shows_its_log(tmp_path, capsys):
+    routes = write_routes(tmp_path / "routes.xml", {"1711": "ParkingCutIn"})
+    broken = tmp_path / "broken_evaluator.py"
+    broken.write_text("import sys\nprint('ModuleNotFoundError: No module named py_trees')\nsys.exit(1)\n")
+    rc = runner.main(["run", "--routes", str(routes), "--bench2drive-root", str(tmp_path), "--carla-root", str(tmp_path),
+                      "--out", str(tmp_path / "o"), "--evaluator", str(broken), "--poll-s", "0.05",
+                      "--max-restarts", "1", "--compat", "never"])
+    assert rc == 2
+    captured = capsys.readouterr()
+    assert "gave up after 1 restarts (exit codes [1, 1])" in captured.out
+    assert "No module named py_trees" in captured.out and "evaluator.log" in captured.err

@@ -262,8 +262,10 @@ def run(args) -> int:
                           f"restart {s.restarts}/{args.max_restarts} with --resume", flush=True)
                     _start(args, s, compat)
                 else:
+                    tail = (s.dir / "evaluator.log").read_text(errors="replace").strip().splitlines()[-15:]
                     print(f"[shard {s.index}] gave up after {s.restarts} restarts (exit codes {s.history}); "
-                          f"its missing routes score 0. Continue later with --resume.", flush=True)
+                          f"its missing routes score 0. Continue later with --resume. Last log lines:\n  "
+                          + "\n  ".join(tail), flush=True)
                     pending.remove(s)
     except KeyboardInterrupt:
         print("interrupted: stopping evaluators (their CARLA servers stop with them); continue with --resume", flush=True)
@@ -280,7 +282,8 @@ def score_dir(out: Path, routes_path: Optional[Path] = None) -> dict:
 
     files = sorted(out.glob("shard_*/checkpoint.json")) + sorted(out.glob("extra_results/*.json"))
     if not files:
-        raise RunnerError(f"no shard_*/checkpoint.json under {out}")
+        raise RunnerError(f"no shard_*/checkpoint.json under {out}: no evaluator wrote results; "
+                          f"see {out}/shard_*/evaluator.log")
     merged = results.merge_checkpoints(files)
     (out / "merged.json").write_text(json.dumps(merged, indent=2))
     if routes_path is None and (out / MANIFEST).is_file():
