@@ -62,6 +62,24 @@ def test_merged_sample_results_give_hand_computed_ds_and_sr(tmp_path):
         assert s["abilities"]["emergency_brake"] == 100.0 and s["abilities"]["overtaking"] == 0.0
         assert s["abilities"]["give_way"] == 100.0 and s["abilities"]["merging"] is None
         assert s["efficiency"] == pytest.approx(65.0)
+        assert s["comfort"] is None  # no agent files given
+
+
+def test_comfort_and_plan_counters_come_from_the_agent_files(tmp_path):
+    agent_dir = tmp_path / "agent"
+    smooth = {"dt": 0.1, "lon_accel": [0.5] * 40, "lat_accel": [0.0] * 40, "yaw_rate": [0.0] * 40}
+    jerky = {"dt": 0.1, "lon_accel": [0.5, -6.0] * 20, "lat_accel": [0.0] * 40, "yaw_rate": [0.0] * 40}
+    for name, comfort, invalid in (("s1", smooth, 0), ("s2", jerky, 3)):
+        (agent_dir / name).mkdir(parents=True)
+        (agent_dir / name / results.AGENT_FILE).write_text(json.dumps(
+            {"comfort": comfort, "stats": {"ticks": 100, "plans": 10, "valid_plans": 10 - invalid,
+                                           "invalid_plans": invalid, "late_plans": 0, "brake_ticks": 5 * invalid}}))
+    recs = [rec("1711", "Perfect", 100.0, save_name="s1"), rec("2086", "Perfect", 100.0, save_name="s2")]
+    s = results.score(recs, route_types=TYPES, agent_dir=agent_dir)
+    assert s["routes"]["1711"]["comfort"] == 1.0 and s["routes"]["2086"]["comfort"] == 0.0
+    assert s["comfort"] == pytest.approx(50.0)
+    assert s["agent"] == {"ticks": 200, "plans": 20, "valid_plans": 17, "invalid_plans": 3, "late_plans": 0,
+                          "brake_ticks": 15}
 
 
 FAKE_EVALUATOR = textwrap.dedent('''\
