@@ -21,7 +21,7 @@ setup(
     install_requires=["setuptools"],
     extras_require={
         "gpu": ["flashinfer-python==0.7.0"],
-        "carla": ["carla==0.9.16"],
+        "carla": ["carla-0-9-15==0.0.1"],
     },
     zip_safe=False,
     maintainer="WAM-Diff ROS team",
