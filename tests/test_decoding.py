@@ -187,3 +187,15 @@ def test_flex_backend_decodes_the_same_tokens_as_sdpa(nano, camera_image):
     batch = _batch(nano, camera_image, PROMPTS)
     kw = dict(block_size=4, steps=2, strategy="low_confidence_static", ignore_eos=True, max_new_tokens=12)
     assert _decode(flex_runner, nano, batch, **kw).token_ids == _decode(sdpa_runner, nano, batch, **kw).token_ids
+
+
+def test_dynamic_decoding_stops_a_block_once_a_committed_eos_precedes_every_masked_position(nano, runner, camera_image):
+    batch = _batch(nano, camera_image, PROMPTS[:1])
+    kw = dict(block_size=8, steps=8, strategy="low_confidence_dynamic", threshold=0.99, max_new_tokens=16)
+    free = _decode(runner, nano, batch, ignore_eos=True, **kw)
+    eos = free.token_ids[0][2]  # pretend the third token is EOS
+    cut = free.token_ids[0].index(eos)
+    res = generate(runner, batch, DecoderConfig(**kw), nano.settings.mask_token_id, eos)
+    assert res.token_ids[0] == free.token_ids[0][:cut]
+    assert res.finished == [True]
+    assert res.forwards < free.forwards

@@ -26,6 +26,19 @@ def _full(batch: int, n: int, value: int, device) -> torch.Tensor:
     return torch.full((batch, n), value, dtype=torch.long, device=device)
 
 
+def _settled(x: torch.Tensor, masked: torch.Tensor, done: torch.Tensor, eos_id: int, offsets: torch.Tensor,
+             ignore_eos: bool) -> torch.Tensor:
+    """(batch,) True where the block needs no more steps: nothing masked, the answer already ended in
+    an earlier block, or a committed EOS precedes every masked position (what follows EOS is cut)."""
+    B = x.shape[1]
+    settled = ~masked.any(dim=1)
+    if ignore_eos:
+        return settled
+    first_masked = torch.where(masked, offsets, B).amin(dim=1)
+    first_eos = torch.where(x == eos_id, offsets, B).amin(dim=1)
+    return settled | done | (first_eos < first_masked)
+
+
 @torch.inference_mode()
 def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int) -> DecodeResult:
     """Decode answers for a batch of prompts (on the runner's device)."""
@@ -76,7 +89,7 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
             commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s)
             x = torch.where(commit, pred, x)
             masked = masked & ~commit
-            if dynamic and s < K - 1 and not bool(masked.any()):
+            if dynamic and s < K - 1 and bool(_settled(x, masked, done, eos_id, offsets, cfg.ignore_eos).all()):
                 break
         out[:, j * B:(j + 1) * B] = x
         clock.lap("denoise")
