@@ -4,6 +4,7 @@
   wam-diff-train adapt   --config ... --init runs/x/ar/model --block-sizes 4,8,16,32
   wam-diff-train distill --config ... --teacher CKPT --teacher-block-size 16 --student CKPT --block-size 32
   wam-diff-train plot    --out runs/x            (loss curve of every stage: PNG + JSON)
+  wam-diff-train speed   --init CKPT --data D --block-sizes 1,32   (seconds per optimizer step)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
 Runs under `torchrun --nproc_per_node N -m training.cli ...` as well (DDP; gloo on CPU).
@@ -62,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--on-policy-every", type=int, help="student generates the responses every N steps")
     plot = sub.add_parser("plot", help="loss curve of every stage under --out")
     plot.add_argument("--out", required=True)
+    speed = sub.add_parser("speed", help="seconds per optimizer step at several block sizes (table + JSON)")
+    speed.add_argument("--init", default="nano", help="checkpoint directory or preset")
+    speed.add_argument("--data", action="append", required=True, help="dataset file (repeatable)")
+    speed.add_argument("--block-sizes", default="1,32")
+    speed.add_argument("--steps", type=int, default=10)
+    speed.add_argument("--warmup", type=int, default=2)
+    speed.add_argument("--batch-size", type=int, default=8)
+    speed.add_argument("--device", default="cpu")
+    speed.add_argument("--threads", type=int)
+    speed.add_argument("--json", help="write the result here")
     return parser
 
 
@@ -114,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(plot_run(Path(args.out)))
         return 0
+    if args.stage == "speed":
+        from .speed import run as run_speed
+
+        return run_speed(args)
     cfg = config_from_args(args)
     if not cfg.data.train:
         raise ConfigError("no training data: give --data PATH or data.train in the config")

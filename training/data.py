@@ -114,7 +114,8 @@ class DrivingDataset(torch.utils.data.Dataset):
     """One dataset file. `__getitem__` returns an Example, or a BadSample for a sample that fails now."""
 
     def __init__(self, path: Union[str, Path], processor: VLProcessor, max_prompt_tokens: int = 4096,
-                 max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None):
+                 max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None,
+                 tasks: Optional[Sequence[str]] = None):
         if on_bad_sample not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"on_bad_sample must be one of {BAD_SAMPLE_POLICIES}, got {on_bad_sample!r}")
         self.path = Path(path)
@@ -126,7 +127,11 @@ class DrivingDataset(torch.utils.data.Dataset):
         self.on_bad_sample = on_bad_sample
         self.stats = DatasetStats()
         self.skipped_ids: list[tuple[str, str]] = []
-        self.samples = self.scan(read_samples(self.path))
+        self.tasks = [tasks] if isinstance(tasks, str) else (list(tasks) if tasks else None)
+        samples = read_samples(self.path)
+        if self.tasks is not None:  # one file holding several tasks, mixed by weight per task
+            samples = [x for x in samples if isinstance(x, dict) and x.get("task") in self.tasks]
+        self.samples = self.scan(samples)
 
     def _check(self, sample: dict) -> tuple[str, str, list[Path]]:
         """Cheap checks before training: conversation form, image files, response length."""
@@ -154,7 +159,8 @@ class DrivingDataset(torch.utils.data.Dataset):
         self.stats.count(reason)
         self.skipped_ids.append((sid, reason))
 
-    def scan(self, samples: list) -> list[tuple[str, str, str, list[Path]]]:
+    def scan(self, samples: list) -> list[tuple[str, str, str, str, list[Path]]]:
+        """(id, task, prompt, response, image paths) of the usable samples; the rest skipped or an error."""
         kept = []
         for i, sample in enumerate(samples):
             sid = str(sample.get("id", f"#{i}")) if isinstance(sample, dict) else f"#{i}"
@@ -273,7 +279,8 @@ class MixSampler:
 
 def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_tokens: int, max_response_tokens: int,
                    on_bad_sample: str, base_dir: Optional[Path] = None) -> MixedDataset:
-    """Datasets of config entries `{"path": ..., "weight": ...}` (paths relative to `base_dir`)."""
+    """Datasets of config entries `{"path": ..., "weight": ..., "task": ...}` (paths relative to `base_dir`;
+    `task`, a name or a list, keeps only those samples of the file)."""
     datasets, weights = [], []
     for entry in entries:
         if isinstance(entry, str):
@@ -284,6 +291,6 @@ def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_t
         if base_dir is not None and not path.is_absolute():
             path = base_dir / path
         datasets.append(DrivingDataset(path, processor, max_prompt_tokens, max_response_tokens, on_bad_sample,
-                                       name=entry.get("name")))
+                                       name=entry.get("name"), tasks=entry.get("task")))
         weights.append(float(entry.get("weight", 1.0)))
     return MixedDataset(datasets, weights)
