@@ -35,10 +35,26 @@ FREE_LANE_BEHIND_M = 10.0
 FREE_LANE_AHEAD_M = 30.0
 
 
-def split_of(seed: int, val_fraction: float) -> str:
-    """'val' or 'train' from a stable hash of the route seed (never of the frame)."""
-    h = int(hashlib.sha256(f"seed-{seed}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "val" if h < val_fraction else "train"
+def _seed_rank(seed: int) -> int:
+    return int(hashlib.sha256(f"seed-{seed}".encode()).hexdigest()[:8], 16)
+
+
+def assign_splits(routes: list[Route], val_fraction: float) -> dict[str, str]:
+    """route_id -> 'train' | 'val', by route seed (never by frame): within each scenario type the
+    round(val_fraction x n) routes (at least one when val_fraction > 0) with the smallest seed hash
+    are held out, so every scenario is represented in both splits."""
+    by_scen: dict[str, list[Route]] = {}
+    for r in routes:
+        by_scen.setdefault(r.scenario, []).append(r)
+    out = {}
+    for rs in by_scen.values():
+        n_val = 0 if val_fraction <= 0 else max(1, int(round(val_fraction * len(rs))))
+        if len(rs) == 1 and val_fraction < 0.5:
+            n_val = 0
+        ranked = sorted(rs, key=lambda r: (_seed_rank(r.seed), r.route_id))
+        for i, r in enumerate(ranked):
+            out[r.route_id] = "val" if i < n_val else "train"
+    return out
 
 
 # ---------------------------------------------------------------- QA from world state
@@ -118,7 +134,7 @@ def _pdm_scene(tick, lanes, future: np.ndarray, agent_futures: dict) -> dict:
             "reference_progress": float(future[-1, 0])}
 
 
-def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384, 192), val_fraction: float = 0.2,
+def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384, 192), split: str = "train",
                    tasks=("planning", "detection", "qa")) -> dict:
     """Drive one route with the expert and write its samples to OUT/parts/<route_id>.json."""
     from PIL import Image
@@ -145,7 +161,6 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
             break
     world.close()
     crashed = ticks[-1].collision
-    split = split_of(route.seed, val_fraction)
     img_dir = out_dir / "images" / route.route_id
     img_dir.mkdir(parents=True, exist_ok=True)
     samples, scenes = [], []
@@ -208,8 +223,8 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
     return {k: v for k, v in part.items() if k not in ("samples", "scenes")} | {"num_samples": len(samples)}
 
 
-def _worker(route_dict, out_dir, every, frame_size, val_fraction, tasks):
-    return generate_route(Route(**route_dict), Path(out_dir), every, frame_size, val_fraction, tasks)
+def _worker(route_dict, out_dir, every, frame_size, split, tasks):
+    return generate_route(Route(**route_dict), Path(out_dir), every, frame_size, split, tasks)
 
 
 def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_samples: int) -> dict:
@@ -268,7 +283,8 @@ def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 
         bar = tqdm(total=len(routes), initial=len(routes) - len(todo), desc="data", unit="route")
     t0 = time.perf_counter()
     generated = 0
-    args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), val_fraction, tuple(tasks)) for r in todo]
+    splits = assign_splits(routes, val_fraction)
+    args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), splits[r.route_id], tuple(tasks)) for r in todo]
     if workers <= 1:
         for a in args:
             generated += _worker(*a)["num_samples"]
