@@ -106,3 +106,9 @@ def test_real_architecture_presets_have_the_published_sizes(name, params_b):
     n = sum(p.numel() for p in model.parameters()) / 1e9
     assert abs(n - params_b) / params_b < 0.15, n
     assert config.text_config.vocab_size == 151936
+
+
+def test_nano_l_preset_is_the_15_to_25_million_parameter_teacher_with_the_nano_tokenizer(nano):
+    teacher = build_preset("nano-l")
+    assert 15e6 <= teacher.num_params <= 25e6
+    assert teacher.processor.tokenizer.get_vocab() == nano.processor.tokenizer.get_vocab()

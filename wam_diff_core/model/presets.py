@@ -1,7 +1,7 @@
 """Model architectures built from configs, no download.
 
-`nano` is the project's own small Qwen3-VL (about 6 M parameters, its own BPE tokenizer) for tests,
-CPU demos and training on a laptop; `qwen3-vl-2b` / `qwen3-vl-8b` are the real architectures with the
+`nano` is the project's own small Qwen3-VL (about 5 M parameters, its own BPE tokenizer) for tests,
+CPU demos and training on a laptop; `nano-l` (about 20 M) is its teacher for cross-scale distillation; `qwen3-vl-2b` / `qwen3-vl-8b` are the real architectures with the
 real vocabulary size (random weights) for speed measurement.
 """
 from __future__ import annotations
@@ -66,6 +66,13 @@ PRESETS: dict[str, Preset] = {
         name="nano",
         text=TextArch(NANO_VOCAB_SIZE, 256, 768, 4, 4, 2, 64, 5e5, (12, 10, 10), True, 4096),
         vision=VisionArch(2, 128, 256, 4, 256, 256, (0, 1)),
+        own_tokenizer=True,
+    ),
+    # The larger sibling for cross-scale distillation (about 20 M parameters); same tokenizer as nano.
+    "nano-l": Preset(
+        name="nano-l",
+        text=TextArch(NANO_VOCAB_SIZE, 512, 1536, 6, 8, 4, 64, 5e5, (12, 10, 10), True, 4096),
+        vision=VisionArch(2, 192, 384, 4, 512, 256, (0, 1)),
         own_tokenizer=True,
     ),
     "qwen3-vl-2b": Preset(
