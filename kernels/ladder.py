@@ -1,0 +1,341 @@
+"""The speed ladder (issue 6): AR B = 1 -> B = 32 SDPA eager -> + static FlashInfer -> + CUDA graphs.
+
+    python -m kernels.ladder --model qwen3-vl-2b --device cuda --steps 8,16 --batch-sizes 1,8 --out runs/ladder.json
+
+Rungs, each measured in this one run (ratios between rungs are what the targets are about):
+- `ar`: the engine's autoregressive decoder (B = 1), the baseline;
+- `sdpa_eager`: the engine's reference block decoder, SDPA attention, eager;
+- `static_sdpa`: the capture-ready decoder (kernels.graph_runner), SDPA over the static cache, eager;
+- `flashinfer`: the capture-ready decoder with FlashInfer attention, eager;
+- `flashinfer_graphs`: the same, one CUDA graph per block replayed;
+- `sdpa_graphs`: the capture-ready decoder with SDPA attention, captured.
+Fixed K with `low_confidence_static` remasking and EOS ignored, so every rung decodes the same number
+of tokens with the same forward count. Greedy tokens of every rung are compared with `sdpa_eager`.
+Reported per row: tokens/s, ms/token (per sample), forwards/token, achieved bandwidth (weights + KV
+read per forward) against the device's peak. A rung that fails records its error and the ladder goes
+on. Prefill is timed apart for both FlashInfer prefill modes (block-sparse, custom mask).
+
+The CUDA-graph and FlashInfer rungs are GPU-UNTESTED until scripts/gpu_check.sh has run on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wam_diff_core.attention.backends import use_backend
+from wam_diff_core.bench import PEAK_BANDWIDTH_GBPS
+from wam_diff_core.decoding.ar import generate_ar
+from wam_diff_core.decoding.block_diffusion import generate
+from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.model.checkpoint import load
+from wam_diff_core.model.processor import PromptBatch
+from wam_diff_core.model.runner import ModelRunner
+from wam_diff_core.prompts import chat_prompt, planning_prompt
+from wam_diff_core.types import EgoState
+
+from . import missing_for_flashinfer
+from .graph_runner import GraphRunner
+
+BLOCK_RUNGS = ("sdpa_eager", "static_sdpa", "flashinfer", "flashinfer_graphs", "sdpa_graphs")
+RUNGS = ("ar",) + BLOCK_RUNGS
+# issue 6 targets, checked on the numbers of one run
+TARGET_SPEEDUP_OVER_SDPA_EAGER = 5.0
+TARGET_TOKENS_PER_S_2B_BATCH1_K16 = 1500.0
+TARGET_BANDWIDTH_UTIL = 0.60
+
+
+def _ints(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _rungs(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [n for n in names if n not in RUNGS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown rungs {bad}; expected a subset of {RUNGS}")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kernels.ladder", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="nano", help="preset name or local checkpoint directory")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--steps", type=_ints, default=[8, 16])
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 8])
+    p.add_argument("--rungs", type=_rungs, default=list(RUNGS))
+    p.add_argument("--new-tokens", type=int, default=96)
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt length for models without a tokenizer")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per rung after one warm-up; best is kept")
+    p.add_argument("--diversify", type=float, default=None,
+                   help="re-draw 2-D weights with this std (nano default 0.2: greedy outputs vary, so token "
+                        "comparisons mean something)")
+    p.add_argument("--out", default="runs/ladder.json")
+    return p
+
+
+def prompts(loaded, batch_size: int, prompt_len: int, device) -> PromptBatch:
+    if loaded.processor is not None:
+        image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+        text = chat_prompt(planning_prompt(EgoState(vx=8.0, ax=0.2), "follow lane"), 1)
+        return loaded.processor.encode([text] * batch_size, [[image]] * batch_size).to(device)
+    vocab = min(loaded.model.config.text_config.vocab_size, 150000)
+    ids = torch.randint(0, vocab, (batch_size, prompt_len), generator=torch.Generator().manual_seed(0))
+    return PromptBatch(ids, torch.ones_like(ids, dtype=torch.bool), torch.zeros_like(ids, dtype=torch.int32),
+                       None, None).to(device)
+
+
+def diversify(model, std: float, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim >= 2:
+                p.copy_((torch.randn(p.shape, generator=gen) * std).to(p.dtype))
+
+
+def bytes_per_forward(model, cache_tokens: float, batch: int) -> float:
+    """Bytes a decode forward must read at least: text weights once, plus the KV cache of the batch."""
+    cfg = model.config.text_config
+    params = [p for n, p in model.named_parameters() if "visual" not in n]
+    weights = sum(p.numel() * p.element_size() for p in params)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * cache_tokens * batch * params[0].element_size()
+    return weights + kv
+
+
+class Ladder:
+    def __init__(self, args, loaded=None):
+        self.args = args
+        self.device = torch.device(args.device)
+        self.loaded = loaded or load(args.model, device=self.device, dtype=getattr(torch, args.dtype))
+        std = args.diversify if args.diversify is not None else (0.2 if args.model == "nano" else None)
+        if std:
+            diversify(self.loaded.model, std)
+        self.model = self.loaded.model
+        self.runner = ModelRunner(self.model, "sdpa")
+        self.settings = self.loaded.settings
+        self.graph_runners: dict[str, GraphRunner] = {}
+
+    def _activate(self, rung: str) -> None:
+        """Point the model's text attention at the rung's backend (the model is shared by all rungs)."""
+        if rung.startswith("flashinfer"):
+            from .flashinfer_attention import use_flashinfer
+
+            use_flashinfer(self.model)
+            self.runner.backend = "flashinfer"
+        else:
+            use_backend(self.model, "sdpa")
+            self.runner.backend = "sdpa"
+
+    def _decode(self, rung: str, batch: PromptBatch, K: int):
+        a, s = self.args, self.settings
+        if rung == "ar":
+            return generate_ar(self.runner, batch, a.new_tokens, s.eos_token_id, ignore_eos=True)
+        cfg = DecoderConfig(block_size=a.block_size, steps=K, strategy="low_confidence_static",
+                            max_new_tokens=a.new_tokens, ignore_eos=True)
+        if rung == "sdpa_eager":
+            return generate(self.runner, batch, cfg, s.mask_token_id, s.eos_token_id)
+        gr = self.graph_runners.get(rung)
+        if gr is None:
+            attention = "flashinfer" if rung.startswith("flashinfer") else "sdpa"
+            gr = GraphRunner(self.runner, s.mask_token_id, attention, cuda_graphs=rung.endswith("graphs"))
+            self.graph_runners[rung] = gr
+        return gr.generate(batch, cfg, s.eos_token_id)
+
+    def measure(self, rung: str, batch: PromptBatch, K: int) -> dict:
+        self._activate(rung)
+        runs = [self._decode(rung, batch, K) for _ in range(self.args.repeats + 1)]  # first: warm-up (+ capture)
+        warm, runs = runs[0], runs[1:]
+        decode_s = min(r.timings["denoise"] + r.timings["commit"] for r in runs)
+        per_sample = runs[0].tokens / batch.batch_size
+        forwards = runs[0].forwards - 1  # the prefill is not a decode forward
+        row = {
+            "tokens_per_s": runs[0].tokens / decode_s,
+            "ms_per_token": 1000.0 * decode_s / per_sample,
+            "forwards_per_token": forwards / per_sample,
+            "decode_s": decode_s,
+            "prefill_ms": 1000.0 * min(r.timings["prefill"] for r in runs),
+            "first_run_s": warm.timings["total"],
+            "token_ids": runs[0].token_ids,
+        }
+        if self.device.type == "cuda":
+            cache_tokens = batch.input_ids.shape[1] + self.args.new_tokens / 2
+            gbps = bytes_per_forward(self.model, cache_tokens, batch.batch_size) * forwards / decode_s / 1e9
+            peak = peak_bandwidth(self.device)
+            row.update(achieved_gbps=gbps, bandwidth_util=gbps / peak if peak else None)
+        return row
+
+    def prefill_modes(self, batch: PromptBatch) -> list[dict]:
+        """Prompt prefill time per FlashInfer prefill mode (and SDPA), block size B."""
+        out = []
+        for mode in ("sdpa", "block_sparse", "custom_mask"):
+            try:
+                if mode == "sdpa":
+                    self._activate("sdpa_eager")
+                else:
+                    os.environ["WAM_FLASHINFER_PREFILL"] = mode
+                    self._activate("flashinfer")
+                times = []
+                with torch.inference_mode():
+                    vision = self.runner.encode_images(batch)
+                    for _ in range(self.args.repeats + 1):
+                        cache = self.runner.new_cache(batch.batch_size, batch.input_ids.shape[1])
+                        _sync(self.device)
+                        t = time.perf_counter()
+                        self.runner.prefill(batch, cache, self.args.block_size, vision)
+                        _sync(self.device)
+                        times.append(time.perf_counter() - t)
+                out.append({"mode": mode, "batch_size": batch.batch_size, "prefill_ms": 1000.0 * min(times[1:])})
+            except Exception as exc:  # one failing mode must not end the ladder
+                out.append({"mode": mode, "batch_size": batch.batch_size, "error": f"{type(exc).__name__}: {exc}"})
+        os.environ.pop("WAM_FLASHINFER_PREFILL", None)
+        return out
+
+    def run(self) -> dict:
+        a = self.args
+        rows, prefill = [], []
+        for bs in a.batch_sizes:
+            batch = prompts(self.loaded, bs, a.prompt_len, self.device)
+            ar = None
+            if "ar" in a.rungs:
+                ar = self._row("ar", batch, 1, bs)
+                print(_format_row(ar), flush=True)
+                rows.append(ar)
+            for K in a.steps:
+                reference = None
+                for rung in [r for r in a.rungs if r != "ar"]:
+                    row = self._row(rung, batch, K, bs)
+                    if rung == "sdpa_eager":
+                        reference = row
+                    if ar and "tokens_per_s" in ar and "tokens_per_s" in row:
+                        row["speedup_vs_ar"] = row["tokens_per_s"] / ar["tokens_per_s"]
+                    if reference and "tokens_per_s" in reference and "tokens_per_s" in row:
+                        row["speedup_vs_sdpa_eager"] = row["tokens_per_s"] / reference["tokens_per_s"]
+                        row["tokens_match_sdpa_eager"] = row["token_ids"] == reference["token_ids"]
+                        row["token_agreement"] = _agreement(row["token_ids"], reference["token_ids"])
+                    print(_format_row(row), flush=True)
+                    rows.append(row)
+            if self.device.type == "cuda" and any(r.startswith("flashinfer") for r in a.rungs):
+                prefill.extend(self.prefill_modes(batch))
+        for r in rows:
+            r.pop("token_ids", None)
+        result = {
+            "model": a.model,
+            "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
+            else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+            "dtype": a.dtype,
+            "block_size": a.block_size,
+            "new_tokens": a.new_tokens,
+            "strategy": "low_confidence_static",
+            "timing": f"decode phase only, best of {a.repeats} after one warm-up (which includes graph capture)",
+            "peak_bandwidth_gbps": peak_bandwidth(self.device),
+            "torch": torch.__version__,
+            "rows": rows,
+            "prefill": prefill,
+        }
+        result["targets"] = targets(result)
+        return result
+
+    def _row(self, rung: str, batch: PromptBatch, K: int, bs: int) -> dict:
+        B = 1 if rung == "ar" else self.args.block_size
+        row = {"rung": rung, "batch_size": bs, "block_size": B, "steps": 1 if rung == "ar" else K}
+        if rung.startswith("flashinfer") and missing_for_flashinfer():
+            row["error"] = "skipped: " + " and ".join(missing_for_flashinfer()) + " missing"
+        elif rung.endswith("graphs") and self.device.type != "cuda":
+            row["error"] = "skipped: CUDA graphs need a CUDA device"
+        else:
+            try:
+                row.update(self.measure(rung, batch, K))
+            except Exception as exc:  # one failing rung must not end the ladder
+                traceback.print_exc()
+                row["error"] = f"{type(exc).__name__}: {exc}"
+        return row
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
+    return sum(x == y for x, y in pairs) / max(1, len(pairs))
+
+
+def peak_bandwidth(device: torch.device):
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BANDWIDTH_GBPS.items() if k in name), None)
+
+
+def targets(result: dict) -> dict:
+    """Issue 6's targets evaluated on this run's rows (None where a needed row is missing)."""
+    rows = [r for r in result["rows"] if "tokens_per_s" in r]
+    pick = lambda rung, bs, K: next((r for r in rows if (r["rung"], r["batch_size"], r["steps"]) == (rung, bs, K)), None)  # noqa: E731
+    speedups, peak_2b = [], None
+    for r in rows:
+        if r["rung"] == "flashinfer_graphs" and "speedup_vs_sdpa_eager" in r:
+            speedups.append({"batch_size": r["batch_size"], "steps": r["steps"], "speedup": r["speedup_vs_sdpa_eager"]})
+    if result["model"] == "qwen3-vl-2b" and result["block_size"] == 32:
+        row = pick("flashinfer_graphs", 1, 16)
+        peak_2b = row["tokens_per_s"] if row else None
+    utils = [r["bandwidth_util"] for r in rows if r["rung"] == "flashinfer_graphs" and r.get("bandwidth_util")]
+    identical = [r.get("tokens_match_sdpa_eager") for r in rows if r["rung"] in BLOCK_RUNGS[1:]]
+    return {
+        "graphs_flashinfer_over_sdpa_eager": speedups,
+        "speedup_target": TARGET_SPEEDUP_OVER_SDPA_EAGER,
+        "speedup_met": bool(speedups) and all(s["speedup"] >= TARGET_SPEEDUP_OVER_SDPA_EAGER for s in speedups),
+        "qwen3_vl_2b_batch1_B32_K16_tokens_per_s": peak_2b,
+        "tokens_per_s_target": TARGET_TOKENS_PER_S_2B_BATCH1_K16 if result["model"] == "qwen3-vl-2b" else None,
+        "tokens_per_s_met": None if peak_2b is None else peak_2b >= TARGET_TOKENS_PER_S_2B_BATCH1_K16,
+        "best_bandwidth_util": max(utils) if utils else None,
+        "bandwidth_target": TARGET_BANDWIDTH_UTIL,
+        "all_fast_paths_token_identical": bool(identical) and all(x is True for x in identical),
+    }
+
+
+def _format_row(r: dict) -> str:
+    head = f"{r['rung']:>18} batch {r['batch_size']:>2} B {r['block_size']:>2} K {r['steps']:>2}"
+    if "error" in r:
+        return f"{head} | {r['error']}"
+    text = (f"{head} | {r['tokens_per_s']:9.1f} tok/s | {r['ms_per_token']:7.2f} ms/tok | "
+            f"{r['forwards_per_token']:.3f} fwd/tok")
+    if r.get("achieved_gbps") is not None:
+        util = f" ({100 * r['bandwidth_util']:.0f} %)" if r.get("bandwidth_util") else ""
+        text += f" | {r['achieved_gbps']:.0f} GB/s{util}"
+    if "speedup_vs_sdpa_eager" in r:
+        text += f" | x{r['speedup_vs_sdpa_eager']:.2f} vs sdpa eager, tokens {'=' if r['tokens_match_sdpa_eager'] else '!='}"
+        text += f" ({100 * r['token_agreement']:.0f} % agree)"
+    return text
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"--device {args.device}: CUDA is not available on this machine", file=sys.stderr)
+        return 2
+    result = Ladder(args).run()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["targets"], indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
