@@ -1,0 +1,139 @@
+"""GPU checks of the fast path: CUDA-graph replay and FlashInfer attention against the SDPA paths.
+
+Skipped without CUDA (and the FlashInfer ones without flashinfer). Run by scripts/gpu_check.sh on a GPU
+machine. Marked `gpu`.
+"""
+import copy
+
+import pytest
+import torch
+
+import kernels
+from kernels.graph_runner import GraphRunner
+from kernels.static_cache import StaticKVCache
+from wam_diff_core.decoding.block_diffusion import generate
+from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.model.runner import ModelRunner
+from wam_diff_core.prompts import chat_prompt, planning_prompt, qa_prompt
+from wam_diff_core.types import EgoState
+
+# The project has no pytest config file of its own to register `gpu` in; register it from here (pytest's
+# mark generator holds the session config) so selecting with -m gpu works and no warning is printed.
+_config = getattr(pytest.mark, "_config", None)
+if _config is not None:
+    _config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with a reason without one)")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)"),
+]
+needs_flashinfer = pytest.mark.skipif(
+    bool(kernels.missing_for_flashinfer()), reason="needs " + " and ".join(kernels.missing_for_flashinfer())
+)
+
+PROMPTS = [
+    (chat_prompt(planning_prompt(EgoState(vx=6.5, ax=0.3), "turn left"), 1), 1),
+    (chat_prompt(qa_prompt("Is the left lane free?"), 0), 0),
+]
+
+
+def _model(nano, dtype):
+    return copy.deepcopy(nano.model).to(device="cuda", dtype=dtype)
+
+
+def _batch(nano, camera_image, n=2):
+    items = PROMPTS[:n]
+    return nano.processor.encode([p for p, _ in items], [[camera_image] * k for _, k in items]).to("cuda")
+
+
+def _cfg(B, K, **kw):
+    return DecoderConfig(**{"block_size": B, "steps": K, "strategy": "low_confidence_static",
+                            "max_new_tokens": 2 * B + 4, "ignore_eos": True, **kw})
+
+
+@pytest.mark.parametrize("B,K", [(4, 4), (32, 8)])
+def test_captured_sdpa_decode_is_token_identical_to_the_eager_reference_on_cuda(nano, camera_image, B, K):
+    runner = ModelRunner(_model(nano, torch.float32), "sdpa")
+    batch, cfg, ids = _batch(nano, camera_image), _cfg(B, K), nano.settings
+    ref = generate(runner, batch, cfg, ids.mask_token_id, ids.eos_token_id)
+    eager = GraphRunner(runner, ids.mask_token_id, "sdpa", cuda_graphs=False).generate(batch, cfg, ids.eos_token_id)
+    graphs = GraphRunner(runner, ids.mask_token_id, "sdpa", cuda_graphs=True)
+    first = graphs.generate(batch, cfg, ids.eos_token_id)
+    second = graphs.generate(batch, cfg, ids.eos_token_id)  # replays the same captured bucket
+    assert eager.token_ids == ref.token_ids
+    assert first.token_ids == second.token_ids == ref.token_ids
+    assert graphs.captures == 1 and graphs.replays == 2 * cfg.num_blocks
+
+
+def test_captured_dynamic_remasking_with_eos_matches_the_reference_on_cuda(nano, camera_image):
+    runner = ModelRunner(_model(nano, torch.float32), "sdpa")
+    batch, ids = _batch(nano, camera_image, 1), nano.settings
+    free = generate(runner, batch, _cfg(4, 4), ids.mask_token_id, ids.eos_token_id)
+    eos = free.token_ids[0][9]
+    cfg = _cfg(4, 4, strategy="low_confidence_dynamic", threshold=0.5, ignore_eos=False, max_new_tokens=24)
+    ref = generate(runner, batch, cfg, ids.mask_token_id, eos)
+    ours = GraphRunner(runner, ids.mask_token_id, "sdpa", cuda_graphs=True).generate(batch, cfg, eos)
+    assert ours.token_ids == ref.token_ids and ours.finished == ref.finished
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("fused", [False, True])
+def test_flashinfer_block_step_equals_sdpa_over_the_static_mask(fused):
+    from kernels.flashinfer_attention import StepPlanner
+
+    torch.manual_seed(0)
+    b, B, heads, kv_heads, d, cap = 3, 32, 16, 8, 128, 256
+    cache = StaticKVCache(1, b, kv_heads, d, cap, torch.bfloat16, "cuda")
+    cache.keys.normal_()
+    cache.values.normal_()
+    lens = [70, 41, 100]
+    cache.lens.copy_(torch.tensor(lens))
+    model = type("M", (), {"config": type("C", (), {"text_config": type("T", (), {"num_attention_heads": heads})()})()})()
+    planner = StepPlanner(model, cache, B, use_cuda_graph=False)
+    planner.plan(lens, fused)
+    n = 2 * B if fused else B
+    limits = torch.cat([torch.full((B,), B), torch.full((B,), 2 * B)]) if fused else torch.full((B,), B)
+    spec = cache.begin(limits.cuda(), planner.fused if fused else planner.plain)
+    q = torch.randn(b, heads, n, d, dtype=torch.bfloat16, device="cuda")
+    k, v = cache.keys[0], cache.values[0]
+    ours = spec.plan.run(q, k, v).float()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=spec.dense(),
+                                                           enable_gqa=True).transpose(1, 2)
+    assert (ours - ref).abs().max().item() < 3e-2
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("mode", ["block_sparse", "custom_mask"])
+def test_flashinfer_prefill_matches_sdpa_on_a_padded_batch(nano, camera_image, mode, monkeypatch):
+    from kernels.flashinfer_attention import use_flashinfer
+
+    monkeypatch.setenv("WAM_FLASHINFER_PREFILL", mode)
+    batch = _batch(nano, camera_image)
+    out = {}
+    for backend in ("sdpa", "flashinfer"):
+        runner = ModelRunner(_model(nano, torch.bfloat16), "sdpa")
+        if backend == "flashinfer":
+            use_flashinfer(runner.model)
+        cache = runner.new_cache(2, batch.input_ids.shape[1])
+        logits, _ = runner.prefill(batch, cache, 8, runner.encode_images(batch))
+        out[backend] = logits.float()
+    scale = out["sdpa"].abs().max().item()
+    assert (out["flashinfer"] - out["sdpa"]).abs().max().item() <= 0.05 * scale
+    assert torch.equal(out["flashinfer"].argmax(-1), out["sdpa"].argmax(-1))
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("B,K", [(4, 4), (32, 8)])
+def test_flashinfer_decode_graphs_equal_eager_and_greedy_tokens_equal_sdpa(nano, camera_image, B, K):
+    ids = nano.settings
+    batch, cfg = _batch(nano, camera_image), _cfg(B, K)
+    sdpa_runner = ModelRunner(_model(nano, torch.bfloat16), "sdpa")
+    ref = generate(sdpa_runner, batch, cfg, ids.mask_token_id, ids.eos_token_id)
+    runner = ModelRunner(_model(nano, torch.bfloat16), "sdpa")
+    eager = GraphRunner(runner, ids.mask_token_id, "flashinfer", cuda_graphs=False).generate(batch, cfg, ids.eos_token_id)
+    graphs = GraphRunner(runner, ids.mask_token_id, "flashinfer", cuda_graphs=True)
+    captured = [graphs.generate(batch, cfg, ids.eos_token_id) for _ in range(2)]
+    assert captured[0].token_ids == captured[1].token_ids == eager.token_ids  # same kernels: exactly equal
+    agree = sum(x == y for a, r in zip(eager.token_ids, ref.token_ids) for x, y in zip(a, r))
+    total = sum(len(r) for r in ref.token_ids)
+    assert eager.token_ids == ref.token_ids, f"bf16 FlashInfer vs SDPA eager: {agree}/{total} tokens agree"
