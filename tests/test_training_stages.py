@@ -69,7 +69,7 @@ def test_tiny_overfit_loss_falls_10x_and_greedy_decoding_reproduces_targets_at_b
               "--set", "optim.vision_lr=3e-3", "--set", "optim.weight_decay=0", "--set", "optim.warmup_steps=3",
               "--set", "eval.max_new_tokens=12", *FAST]
     assert main(["ar", "--init", str(nano_ckpt), "--max-steps", "30", *common]) == 0
-    assert main(["adapt", "--init", str(out / "ar" / "model"), "--block-sizes", "4", "--max-steps", "60",
+    assert main(["adapt", "--init", str(out / "ar" / "model"), "--block-sizes", "4", "--max-steps", "90",
                  "--set", "noise.t_min=0.2", *common]) == 0
     for stage, B in (("ar", 1), ("block4", 4)):
         losses = [r["loss"] for r in _metrics(out / stage)]
