@@ -214,6 +214,7 @@ class Ladder:
                 ar = self._row("ar", batch, 1, bs)
                 print(_format_row(ar), flush=True)
                 rows.append(ar)
+                self.checkpoint(rows, prefill)
             for K in a.steps:
                 reference = None
                 for rung in [r for r in a.rungs if r != "ar"]:
@@ -228,10 +229,14 @@ class Ladder:
                         row["token_agreement"] = _agreement(row["token_ids"], reference["token_ids"])
                     print(_format_row(row), flush=True)
                     rows.append(row)
+                    self.checkpoint(rows, prefill)
             if self.device.type == "cuda" and any(r.startswith("flashinfer") for r in a.rungs):
                 prefill.extend(self.prefill_modes(batch))
-        for r in rows:
-            r.pop("token_ids", None)
+                self.checkpoint(rows, prefill)
+        return self.result(rows, prefill, complete=True)
+
+    def result(self, rows: list[dict], prefill: list[dict], complete: bool) -> dict:
+        a = self.args
         result = {
             "model": a.model,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
@@ -243,11 +248,16 @@ class Ladder:
             "timing": f"decode phase only, best of {a.repeats} after one warm-up (which includes graph capture)",
             "peak_bandwidth_gbps": peak_bandwidth(self.device),
             "torch": torch.__version__,
-            "rows": rows,
+            "complete": complete,
+            "rows": [{k: v for k, v in r.items() if k != "token_ids"} for r in rows],
             "prefill": prefill,
         }
         result["targets"] = targets(result)
         return result
+
+    def checkpoint(self, rows: list[dict], prefill: list[dict]) -> None:
+        """Write what is measured so far (a run cut short by a time limit keeps its rows)."""
+        write_json(self.result(rows, prefill, complete=False), self.args.out)
 
     def _row(self, rung: str, batch: PromptBatch, K: int, bs: int) -> dict:
         B = 1 if rung == "ar" else self.args.block_size
@@ -329,12 +339,18 @@ def main(argv=None) -> int:
         print(f"--device {args.device}: CUDA is not available on this machine", file=sys.stderr)
         return 2
     result = Ladder(args).run()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_json(result, args.out)
     print(json.dumps(result["targets"], indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
     return 0
+
+
+def write_json(result: dict, path: str) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# GPU check of issue 6 (FlashInfer attention, CUDA-graph decoding): one prepared run on one GPU machine.
+#
+#   scripts/gpu_check.sh --fetch-wheels   # on a machine with PyPI access: fetch the wheels into .whl/
+#   scripts/gpu_check.sh OUT_DIR          # on the GPU machine: tests + ladders, results into OUT_DIR
+#
+# The GPU machine has python3 with torch/triton/pytest but no network: the wheels it lacks travel in
+# .whl/ (flashinfer-python 0.7.0 and its one import-time extra, apache-tvm-ffi; transformers at this
+# project's pin, since the machine's own is older). With the device tool: carry [".whl"] and run
+# `bash scripts/gpu_check.sh $OUT` with timeout_s 600. Steps are ordered so that what needs no
+# FlashInfer lands first, each under its own time limit, and the ladders write their JSON after every
+# row: a step that runs out of time still leaves what it measured. Total wall time stays under 10 min
+# (FlashInfer JIT-compiles its kernels on first use; FLASHINFER_CUDA_ARCH_LIST limits it to this GPU).
+#
+# Files written (the device tool brings back at most 8): env.txt, tests.log, ladder.log,
+# ladder_qwen3-vl-2b.json, ladder_nano.json, summary.txt.
+set -u
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+PY=${PYTHON:-python3}
+FLASHINFER_PIN=${FLASHINFER_PIN:-flashinfer-python==0.7.0}
+TRANSFORMERS_PIN=${TRANSFORMERS_PIN:-$(grep -E '^transformers==' requirements.txt | head -1)}
+
+if [ "${1:-}" = "--fetch-wheels" ]; then
+    mkdir -p .whl
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+    plat=""
+    for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64; do
+        plat="$plat --platform $p"
+    done
+    # shellcheck disable=SC2086
+    ${PIP:-$PY -m pip} download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat \
+        -d .whl "$FLASHINFER_PIN" "apache-tvm-ffi>=0.1.11,<0.2" "$TRANSFORMERS_PIN" || exit 1
+    ls -la .whl
+    du -sh .whl
+    exit 0
+fi
+
+OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR | --fetch-wheels}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+START=$(date +%s)
+export PYTHONUNBUFFERED=1
+elapsed() { echo $(( $(date +%s) - START )); }
+step() { echo "== [$(elapsed) s] $*" | tee -a "$OUT/summary.txt"; }
+
+# 1. wheels, environment
+SITE=/tmp/wam_site
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+        > "$OUT/env.txt" 2>&1 || step "wheel install FAILED (see env.txt)"
+fi
+export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+CAP=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null || echo "")
+[ -n "$CAP" ] && export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-$CAP}
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+    $PY - <<'EOF' 2>&1
+import sys, torch, transformers, kernels
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "transformers", transformers.__version__)
+print("cuda available", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+print("missing for flashinfer:", kernels.missing_for_flashinfer() or "nothing")
+if kernels.flashinfer_installed():
+    import flashinfer
+    print("flashinfer", flashinfer.__version__)
+EOF
+} >> "$OUT/env.txt" 2>&1
+step "environment: $(grep -E '^python|^missing' "$OUT/env.txt" | tr '\n' ' ')"
+
+run_step() {  # run_step SECONDS LOG NAME -- command...
+    local limit=$1 log=$2 name=$3
+    shift 4
+    step "$name (limit ${limit}s)"
+    timeout --signal=INT --kill-after=15 "$limit" "$@" >> "$log" 2>&1
+    local rc=$?
+    step "$name: exit $rc$([ $rc = 124 ] && echo ' (timed out)')"
+    tail -n 3 "$log" | sed 's/^/    /' >> "$OUT/summary.txt"
+}
+
+PYTEST=($PY -m pytest -q -rs -p no:cacheprovider tests/test_kernels_gpu.py)
+# 2. GPU tests that need no FlashInfer: captured SDPA decoding against the eager reference
+run_step 100 "$OUT/tests.log" "gpu tests, SDPA + CUDA graphs" -- "${PYTEST[@]}" -k "not flashinfer"
+# 3. FlashInfer tests (first use JIT-compiles the kernels)
+run_step 190 "$OUT/tests.log" "gpu tests, FlashInfer" -- "${PYTEST[@]}" -k flashinfer
+# 4. the 2B ladder: AR -> B=32 SDPA eager -> + FlashInfer -> + CUDA graphs, K 8 and 16, batch 1 and 8
+run_step 180 "$OUT/ladder.log" "ladder qwen3-vl-2b" -- $PY -m kernels.ladder --model qwen3-vl-2b --device cuda \
+    --dtype bfloat16 --block-size 32 --steps 8,16 --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
+    --out "$OUT/ladder_qwen3-vl-2b.json"
+# 5. the same ladder on nano (diversified random weights, so greedy token comparisons mean something)
+run_step 60 "$OUT/ladder.log" "ladder nano" -- $PY -m kernels.ladder --model nano --device cuda \
+    --dtype bfloat16 --block-size 32 --steps 8,16 --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
+    --out "$OUT/ladder_nano.json"
+step "done"
