@@ -25,7 +25,7 @@ runs the GPU tests). On a CPU, or with `cuda_graphs=False`, the same block funct
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -221,8 +221,8 @@ class GraphRunner:
         """Decode a batch of left-padded prompts; same result fields as the reference decoder. B = 1
         (autoregressive) is delegated to the reference decoder."""
         runner = self.runner
-        if cfg.block_size == 1:
-            return generate_eager(runner, batch, cfg, self.mask_id, eos_id)
+        if cfg.block_size == 1:  # plain (not fast-path) settings, so a dispatching caller cannot loop back here
+            return generate_eager(runner, batch, replace(cfg, backend="sdpa", cuda_graphs=False), self.mask_id, eos_id)
         device = runner.device
         b, prompt_len = batch.input_ids.shape
         B, n_blocks = cfg.block_size, cfg.num_blocks

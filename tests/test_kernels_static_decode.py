@@ -150,3 +150,44 @@ def test_generate_static_drop_in_keeps_one_bucket_per_shape(nano, runner, batche
     gr = graph_runner._RUNNERS[(id(runner), "sdpa", False, nano.settings.mask_token_id)]
     assert len(gr.buckets) == 1
     assert gr.captures == 0  # no graphs on a CPU, even if asked for
+
+
+def test_block_size_one_is_delegated_to_the_reference_ar_path(nano, runner, static, batches):
+    cfg = DecoderConfig(block_size=1, steps=1, max_new_tokens=6, ignore_eos=True, cuda_graphs=True)
+    ref = generate(runner, batches["padded"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
+    ours = static.generate(batches["padded"], cfg, nano.settings.eos_token_id)
+    assert ours.token_ids == ref.token_ids and ours.forwards == ref.forwards == 6
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static", "sequential"])
+def test_remask_step_traces_as_one_graph_and_commits_what_eager_commits(strategy):
+    from kernels.remask_ops import remask_step
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 8, 50, generator=gen) * 3
+    x = torch.full((3, 8), 7)
+    masked = torch.rand(3, 8, generator=gen) > 0.3
+    step = lambda lg, xx, mm: remask_step(lg, xx, mm, strategy, 0.6, 4, 1)  # noqa: E731
+    traced = torch.compile(step, backend="eager", fullgraph=True)  # fullgraph: any graph break raises
+    try:
+        for got, want in zip(traced(logits, x, masked), step(logits, x, masked)):
+            assert torch.equal(got, want)
+    finally:
+        torch._dynamo.reset()
+    new_x, new_masked = step(logits, x, masked)
+    assert bool(masked.any(1).all())
+    assert (masked & ~new_masked).sum(1).min() >= 1  # at least one commit per row
+    assert torch.equal(new_x[~masked], x[~masked])  # committed positions never change
+
+
+def test_a_whole_block_traces_as_one_graph_with_the_same_tokens(nano, runner, static, batches, monkeypatch):
+    """fullgraph tracing of K steps (model layers, static cache, fused commit, remasking): no data-dependent
+    Python and no host read anywhere in a block, the property CUDA-graph capture needs."""
+    cfg = _cfg(4, 2, "low_confidence_dynamic", max_new_tokens=8)
+    ref = static.generate(batches["single"], cfg, nano.settings.eos_token_id)
+    monkeypatch.setattr(graph_runner, "run_block", torch.compile(graph_runner.run_block, backend="eager", fullgraph=True))
+    try:
+        traced = static.generate(batches["single"], cfg, nano.settings.eos_token_id)
+    finally:
+        torch._dynamo.reset()
+    assert traced.token_ids == ref.token_ids
