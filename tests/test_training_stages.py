@@ -113,7 +113,7 @@ def test_two_process_torchrun_run_completes_and_both_ranks_hold_identical_parame
     d0 = (stage / "param_digest.rank0.txt").read_text()
     d1 = (stage / "param_digest.rank1.txt").read_text()
     assert d0 == d1
-    assert json.loads((stage / "config.json").read_text())["world"] == 2
+    assert json.loads((stage / "run_config.json").read_text())["world"] == 2
     assert len(_metrics(stage)) == 3
     assert (stage / "model" / "model.safetensors").is_file()
 
@@ -130,7 +130,7 @@ def test_distillation_honours_the_teacher_block_size_and_logs_jsd_and_top5(nano_
     assert all(0.0 <= r["top5"] <= 1.0 and 0.0 <= r["jsd"] <= np.log(2) for r in rows)
     # same weights at another block size: the teacher sees more clean context, so they disagree somewhat
     assert rows[1]["jsd"] > 0
-    stage = json.loads((out / "distill" / "config.json").read_text())["stage"]
+    stage = json.loads((out / "distill" / "run_config.json").read_text())["stage"]
     assert stage["teacher_block_size"] == 2 and stage["block_size"] == 4
 
 

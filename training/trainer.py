@@ -3,7 +3,8 @@
 A stage writes into `<out>/<name>/`:
 - `model/`: the final Hugging Face checkpoint, `wam_diff.json` with trained_block_size = B;
 - `resume/`: the latest resume point while the stage runs (removed once `model/` is written);
-- `metrics.jsonl` (one line per logged step), `tb/` (TensorBoard), `eval.json` (validation),
+- `run_config.json` (the resolved config), `metrics.jsonl` (one line per logged step), `tb/`
+  (TensorBoard), `eval.json` (validation),
   `param_digest.rank<r>.txt` (a hash of the final parameters per process).
 Resuming reloads weights, optimizer, scheduler and RNG states from `resume/` and continues the data
 stream and the per-step noise exactly where they were (both depend only on the seed and the step).
@@ -150,9 +151,13 @@ class MetricsLog:
 
 
 def _load_init(init: str, seed: int, device) -> LoadedModel:
+    """A checkpoint directory, or a preset built with random weights from `seed`."""
     if Path(init).is_dir():
         return load(init, device=device)
-    return build_preset(init, device=device, seed=seed)
+    try:
+        return build_preset(init, device=device, seed=seed)
+    except ValueError as exc:
+        raise ConfigError(f"{init!r} is neither a checkpoint directory nor a model preset ({exc})") from exc
 
 
 def _examples(dataset: DrivingDataset, limit: int) -> list[Example]:
@@ -195,7 +200,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         raise StageExists(f"{stage_dir} holds a finished stage; pass --resume to reuse it or --overwrite to retrain")
     resuming = resume and (resume_dir / STATE_FILE).is_file()
     if not resuming and stage_dir.exists() and any(stage_dir.iterdir()):
-        if not overwrite:
+        if resume and ctx.is_main:
+            print(f"[{stage.name}] no resume point in {stage_dir}; starting the stage over")
+        if not (overwrite or resume):
             raise StageExists(f"{stage_dir} is not empty; pass --resume to continue it or --overwrite to start over")
         if ctx.is_main:
             shutil.rmtree(stage_dir)
@@ -251,7 +258,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     params = [p for p in model.parameters() if p.requires_grad]
     if ctx.is_main:
         stage_dir.mkdir(parents=True, exist_ok=True)
-        (stage_dir / "config.json").write_text(json.dumps({"stage": stage.__dict__, "config": cfg.to_dict(),
+        (stage_dir / "run_config.json").write_text(json.dumps({"stage": stage.__dict__, "config": cfg.to_dict(),
                                                             "world": ctx.world, "steps": steps_total}, indent=2))
     log = MetricsLog(stage_dir / "metrics.jsonl", start_step, tc.tensorboard) if ctx.is_main else None
     loader = torch.utils.data.DataLoader(
