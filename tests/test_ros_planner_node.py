@@ -291,12 +291,12 @@ def test_burst_of_50_images_at_100hz_plans_on_the_newest_and_reports_the_rest_dr
     counts = node.stats.counts
     delivered = counts["frames_received"] - counts["frames_rejected"] - counts["frames_unmatched"]
     # with a backlog the last plan would come ~50 x 0.15 s = 7.5 s after the burst
-    assert caught_up_s < 10 * delay_s, f"last image planned {caught_up_s:.2f} s after the burst: a queue"
+    assert caught_up_s < 20 * delay_s, f"last image planned {caught_up_s:.2f} s after the burst: a queue"
     assert planned < 25, f"{planned} plans for 50 images at {delay_s} s per plan: frames were queued"
     assert planned == len(policy.plan_calls) == counts["plans_published"]
     # best-effort depth-1 delivery may itself discard frames the executor had not taken yet;
     # every frame the node did receive is either planned or reported dropped
-    assert counts["frames_dropped"] == delivered - planned >= 10, (counts, planned)
+    assert counts["frames_dropped"] == delivered - planned >= 5, (counts, planned)
     assert [c["mean"] for c in policy.plan_calls][-1] == 49.0
     name = node.get_fully_qualified_name()
     probe.wait_for(lambda: any(dict((kv.key, kv.value) for kv in s.values).get("frames_dropped")
