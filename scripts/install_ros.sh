@@ -20,8 +20,10 @@ command -v c++ >/dev/null || command -v g++ >/dev/null || die "no C++ compiler f
 [ -f "$VENV/share/rosidl_default_generators/cmake/rosidl_default_generatorsConfig.cmake" ] \
   || die "rosidl_default_generators missing in $VENV: install requirements-ros.txt first"
 
-# Hash of everything that defines the interfaces; a change triggers a rebuild.
-HASH="$(cd "$SRC" && cat CMakeLists.txt package.xml msg/*.msg srv/*.srv | sha256sum | cut -d' ' -f1)"
+# Hash of everything that defines the interfaces and the ROS wheels they are built against;
+# a change triggers a rebuild.
+HASH="$( (cd "$SRC" && cat CMakeLists.txt package.xml msg/*.msg srv/*.srv; cat "$REPO/requirements-ros.txt") \
+        | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ] \
    && "$PY" -c "from wam_diff_msgs.msg import Trajectory; from wam_diff_msgs.srv import AskQuestion" 2>/dev/null; then
   echo "install_ros: wam_diff_msgs up to date in $VENV"
