@@ -16,7 +16,8 @@ flashinfer; a call does, and raises naming what is missing). What it computes de
   keeps its index buffers static, as FlashInfer's CUDA-graph mode requires.
 - block-causal prompt prefill (a `BlockSpec` over PREFIX/PAD tokens): per sample, over its real
   tokens, either a block-sparse BSR pattern with R = C = B (lower-triangular in blocks; exact for a
-  block-causal mask) or a boolean custom mask. `WAM_FLASHINFER_PREFILL=block_sparse|custom_mask`
+  block-causal mask; FlashInfer's BSR takes whole blocks only, so a partial last block, which sees
+  every key, is one unmasked call) or a boolean custom mask. `WAM_FLASHINFER_PREFILL=block_sparse|custom_mask`
   chooses (the ladder measures both; a packed custom mask is reported ~2x slower than plain causal).
 - any other masked forward (the eager reference decoder run on this backend): a custom mask per
   sample; `full` specs: no mask. These are for correctness checks, not speed.
@@ -48,7 +49,10 @@ def prefill_mode() -> str:
     return mode
 
 
-def _check_dtype(t: torch.Tensor) -> None:
+def _check_tensor(t: torch.Tensor) -> None:
+    """FlashInfer's kernels take CUDA tensors in bfloat16 or float16."""
+    if t.device.type != "cuda":
+        raise RuntimeError(f"the FlashInfer backend needs CUDA tensors, got one on {t.device}")
     if t.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the FlashInfer backend runs in bfloat16 or float16, got {t.dtype} (use --dtype bfloat16)")
 
@@ -85,6 +89,7 @@ class PagedStep:
             self.qo_indptr, self.kv_indptr, self.kv_indices, torch.tensor(kv_lens, dtype=torch.int32),
             self.num_heads, cache.kv_heads, cache.head_dim, cache.max_len,
             causal=False, sm_scale=cache.head_dim ** -0.5, q_data_type=cache.keys.dtype, kv_data_type=cache.keys.dtype,
+            o_data_type=cache.keys.dtype,
         )
         self.kv_lens = list(kv_lens)
 
@@ -102,7 +107,7 @@ class StepPlanner:
 
     def __init__(self, model, cache: StaticKVCache, block_size: int, use_cuda_graph: bool):
         fi = require_flashinfer()
-        _check_dtype(cache.keys)
+        _check_tensor(cache.keys)
         heads = model.config.text_config.num_attention_heads
         b = cache.batch
         self.block_size = block_size
@@ -153,7 +158,7 @@ def _bsr_wrapper(fi, device, n_real: int, block: int, heads: int, kv_heads: int,
     indptr, indices = (t.to(device) for t in block_causal_bsr(n_real, block))
     wrapper = fi.BlockSparseAttentionWrapper(torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device))
     wrapper.plan(indptr, indices, n_real, n_real, block, block, heads, kv_heads, head_dim,
-                 causal=False, sm_scale=head_dim ** -0.5, q_data_type=dtype, kv_data_type=dtype)
+                 causal=False, sm_scale=head_dim ** -0.5, q_data_type=dtype, kv_data_type=dtype, o_data_type=dtype)
     _BSR[key] = wrapper
     if len(_BSR) > _BSR_CACHE_SIZE:
         _BSR.popitem(last=False)
@@ -176,6 +181,24 @@ def _host_layout(spec) -> dict:
     return spec._cache["fi_host"]
 
 
+def _block_sparse_prefill(fi, q, k, v, block: int, scaling) -> torch.Tensor:
+    """Block-causal attention of one prompt's real tokens q/k/v (n, heads, d) NHD.
+
+    FlashInfer's BSR needs whole blocks (M % R == N % C == 0), so the whole blocks go through the
+    block-sparse kernel and a partial last block, whose queries see every key, through one
+    unmasked prefill call."""
+    n = q.shape[0]
+    head = (n // block) * block
+    if head == n:
+        return _bsr_wrapper(fi, q.device, n, block, q.shape[1], k.shape[1], q.shape[2], q.dtype).run(q, k, v)
+    out = torch.empty_like(q)
+    if head:
+        wrapper = _bsr_wrapper(fi, q.device, head, block, q.shape[1], k.shape[1], q.shape[2], q.dtype)
+        out[:head] = wrapper.run(q[:head], k[:head], v[:head])
+    out[head:] = fi.single_prefill_with_kv_cache(q[head:], k, v, causal=False, sm_scale=scaling)
+    return out
+
+
 def _masked(fi, spec, query, key, value, scaling) -> torch.Tensor:
     """Generic masked forward, per sample over its real queries and keys."""
     b, h, n, d = query.shape
@@ -188,8 +211,7 @@ def _masked(fi, spec, query, key, value, scaling) -> torch.Tensor:
         k = key[i, :, kp:].transpose(0, 1).contiguous()  # (n_k, kv_heads, d), NHD
         v = value[i, :, kp:].transpose(0, 1).contiguous()
         if host["prompt"] and mode == "block_sparse" and host["block"] > 1:
-            wrapper = _bsr_wrapper(fi, query.device, q.shape[0], host["block"], h, k.shape[1], d, query.dtype)
-            o = wrapper.run(q, k, v)
+            o = _block_sparse_prefill(fi, q, k, v, host["block"], scaling)
         elif host["prompt"] and host["block"] == 1:
             o = fi.single_prefill_with_kv_cache(q, k, v, causal=True, sm_scale=scaling)
         else:
@@ -211,7 +233,7 @@ def flashinfer_attention(module, query, key, value, attention_mask, scaling=None
     """AttentionInterface function: query (batch, heads, n, d), key/value (batch, kv_heads, kv_len, d);
     returns ((batch, n, heads, d), None)."""
     fi = require_flashinfer()
-    _check_dtype(query)
+    _check_tensor(query)
     if block_spec is None:
         raise ValueError(f"{REGISTERED_NAME} attention needs a block_spec")
     if isinstance(block_spec, StaticSpec):
@@ -230,8 +252,5 @@ def use_flashinfer(model) -> None:
     """Route the text layers of a Qwen3-VL model through FlashInfer (vision keeps SDPA). Raises
     RuntimeError naming what is missing when CUDA or flashinfer is absent."""
     require_flashinfer()
-    param = next(model.parameters())
-    if param.device.type != "cuda":
-        raise RuntimeError(f"the FlashInfer backend needs the model on a CUDA device, it is on {param.device}")
-    _check_dtype(param)
+    _check_tensor(next(model.parameters()))
     model.set_attn_implementation({"text_config": REGISTERED_NAME, "vision_config": "sdpa"})
