@@ -100,22 +100,45 @@ def test_interrupted_run_resumed_gives_parameters_identical_to_an_uninterrupted_
     assert [r["loss"] for r in _metrics(cut)] == [r["loss"] for r in _metrics(tmp_path / "straight" / "block4")]
 
 
-def test_two_process_torchrun_run_completes_and_both_ranks_hold_identical_parameters(nano_ckpt, tmp_path):
-    data = write_dataset(tmp_path / "data", n=8)
-    out = tmp_path / "ddp"
+def _torchrun(nano_ckpt, data, out, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "training.cli",
            "adapt", "--init", str(nano_ckpt), "--block-sizes", "4", "--data", str(data), "--out", str(out),
-           "--max-steps", "3", "--batch-size", "2", "--lr", "1e-3", "--set", "eval.enabled=false", *FAST]
+           "--max-steps", "3", "--batch-size", "2", "--lr", "1e-3", "--set", "eval.enabled=false", *FAST, *extra]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    stage = out / "block4"
+    return out / "block4"
+
+
+@pytest.fixture(scope="module")
+def ddp_run(nano_ckpt, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddp")
+    data = write_dataset(root / "data", n=8)
+    return data, _torchrun(nano_ckpt, data, root / "out")
+
+
+def test_two_process_torchrun_run_completes_and_both_ranks_hold_identical_parameters(ddp_run):
+    _, stage = ddp_run
     d0 = (stage / "param_digest.rank0.txt").read_text()
     d1 = (stage / "param_digest.rank1.txt").read_text()
     assert d0 == d1
     assert json.loads((stage / "run_config.json").read_text())["world"] == 2
     assert len(_metrics(stage)) == 3
     assert (stage / "model" / "model.safetensors").is_file()
+
+
+def test_fsdp2_two_process_run_saves_a_full_checkpoint_matching_the_ddp_run(nano_ckpt, ddp_run, tmp_path):
+    data, ddp_stage = ddp_run
+    stage = _torchrun(nano_ckpt, data, tmp_path / "fsdp", "--set", "train.parallel=fsdp2")
+    sharded = load_file(stage / "model" / "model.safetensors")
+    replicated = load_file(ddp_stage / "model" / "model.safetensors")
+    init = load_file(nano_ckpt / "model.safetensors")
+    assert sharded.keys() == replicated.keys()
+    # the same data, noise and updates: equal up to the order of floating-point reductions
+    worst = max((sharded[k] - replicated[k]).abs().max().item() for k in sharded)
+    moved = max((replicated[k] - init[k]).abs().max().item() for k in sharded)
+    assert worst < 1e-4 < moved, (worst, moved)
+    assert load_model(stage / "model").settings.trained_block_size == 4
 
 
 def test_distillation_honours_the_teacher_block_size_and_logs_jsd_and_top5(nano_ckpt, tmp_path):

@@ -2,7 +2,8 @@
 
 Without torchrun's environment (WORLD_SIZE unset or 1) everything is a single process and the helpers
 are no-ops. DDP wraps the module a step calls (`objective.SelectedLogits`) so gradient all-reduce hooks
-fire; FSDP2 (`fully_shard`) shards each decoder layer for models too large to replicate.
+fire; FSDP2 (`fully_shard`) shards each decoder layer and the rest for models too large to replicate;
+its checkpoints are gathered into full state dicts on rank 0, so they are ordinary HF directories.
 """
 from __future__ import annotations
 
@@ -76,11 +77,13 @@ def wrap(module: torch.nn.Module, ctx: DistContext, parallel: str = "ddp") -> to
     if not ctx.enabled:
         return module
     if parallel == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        mesh = init_device_mesh(ctx.device.type, (ctx.world,))
         for layer in module.model.model.language_model.layers:
-            fully_shard(layer)
-        fully_shard(module)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(module, mesh=mesh)  # the rest: embeddings, vision tower, norm, LM head
         return module
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -92,3 +95,30 @@ def wrap(module: torch.nn.Module, ctx: DistContext, parallel: str = "ddp") -> to
 def cleanup(ctx: DistContext) -> None:
     if ctx.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def is_sharded(parallel: str, ctx: DistContext) -> bool:
+    return ctx.enabled and parallel == "fsdp2"
+
+
+def full_model_state(module: torch.nn.Module, prefix: str = "model.") -> dict:
+    """Full (unsharded) weights of an FSDP2 module on rank 0 (empty elsewhere), HF parameter names.
+    A collective: every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
+
+
+def full_optim_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Full optimizer state (rank 0) of an FSDP2 module. A collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_optim_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(module, optimizer, optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

@@ -50,23 +50,43 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_model_as(loaded: LoadedModel, model: torch.nn.Module, block_size: int, path: Path) -> Path:
-    """Save `model` (the unwrapped module being trained) with loaded's processor, trained_block_size = B."""
+def save_model_as(loaded: LoadedModel, model: torch.nn.Module, block_size: int, path: Path,
+                  state_dict: Optional[dict] = None) -> Path:
+    """Save `model` (the unwrapped module being trained) with loaded's processor, trained_block_size = B.
+    `state_dict`: full weights gathered from a sharded model (FSDP2), written in place of the module's own."""
     settings = replace(loaded.settings, trained_block_size=int(block_size))
-    return save_model(LoadedModel(model, loaded.processor, settings, loaded.name), path)
+    if state_dict is None:
+        return save_model(LoadedModel(model, loaded.processor, settings, loaded.name), path)
+    path = Path(path)
+    if model.get_output_embeddings().weight is model.get_input_embeddings().weight:
+        # tied: a gathered state dict holds two copies; the checkpoint keeps the embedding only
+        state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
+        loaded.processor.save_pretrained(tmp)
+        settings.save(tmp)
+        atomic_replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
 
 
 def save_resume(path: Path, loaded: LoadedModel, model: torch.nn.Module, block_size: int,
-                optimizer: torch.optim.Optimizer, scheduler: Any, step: int, extra: Optional[dict] = None) -> Path:
-    """Write a resume point atomically (rank 0; under DDP every rank holds the same state)."""
+                optim_state: dict, scheduler: Any, step: int, extra: Optional[dict] = None,
+                model_state: Optional[dict] = None) -> Path:
+    """Write a resume point atomically (rank 0; under DDP every rank holds the same state; under FSDP2
+    pass the full model and optimizer state dicts gathered beforehand)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        save_model_as(loaded, model, block_size, tmp / MODEL_DIR)
+        save_model_as(loaded, model, block_size, tmp / MODEL_DIR, model_state)
         torch.save({
             "step": step,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optim_state,
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
             "extra": extra or {},

@@ -31,7 +31,8 @@ from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
 from .collate import TrainBatch, collate
 from .config import Config, ConfigError
 from .data import DataError, DrivingDataset, Example, MixSampler, build_datasets
-from .distributed import DistContext, all_reduce_mean, barrier, wrap
+from .distributed import (DistContext, all_reduce_mean, barrier, full_model_state, full_optim_state, is_sharded,
+                          load_full_optim_state, wrap)
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
 from .objective import SelectedLogits, diffusion_loss, distill_loss
 from .state import MODEL_DIR, STATE_FILE, load_resume, save_model_as, save_resume, set_rng_state
@@ -85,9 +86,10 @@ def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float):
     return factor
 
 
-def param_digest(model: torch.nn.Module) -> str:
+def param_digest(state_dict: dict) -> str:
+    """sha256 over a state dict's names and float32 values."""
     h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
+    for name, p in sorted(state_dict.items()):
         h.update(name.encode())
         h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -207,8 +209,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         if ctx.is_main:
             shutil.rmtree(stage_dir)
     barrier(ctx)
-    if tc.parallel == "fsdp2" and ctx.enabled:
-        raise ConfigError("train.parallel=fsdp2: sharded checkpoint saving is not implemented yet; use ddp")
+    sharded = is_sharded(tc.parallel, ctx)
+    if sharded and cfg.distill.on_policy_every > 0 and stage.teacher is not None:
+        raise ConfigError("distill.on_policy_every needs whole weights on each process; use train.parallel=ddp")
 
     device = ctx.device
     if tc.threads:
@@ -243,18 +246,21 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     warmup = cfg.optim.warmup_steps if cfg.optim.warmup_steps is not None else math.ceil(cfg.optim.warmup_ratio * steps_total)
 
     oc = cfg.optim
+    module = wrap(SelectedLogits(model), ctx, tc.parallel)  # before the optimizer: FSDP2 swaps in sharded parameters
     optimizer = torch.optim.AdamW(param_groups(model, oc.lr, oc.vision_lr, oc.weight_decay), lr=oc.lr,
                                   betas=(oc.beta1, oc.beta2), eps=oc.eps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps_total, warmup, oc.min_lr_ratio))
     start_step = 0
     if resuming:
         state = load_resume(resume_dir)
-        optimizer.load_state_dict(state["optimizer"])
+        if sharded:
+            load_full_optim_state(module, optimizer, state["optimizer"])
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start_step = int(state["step"])
 
-    module = wrap(SelectedLogits(model), ctx, tc.parallel)
     params = [p for p in model.parameters() if p.requires_grad]
     if ctx.is_main:
         stage_dir.mkdir(parents=True, exist_ok=True)
@@ -310,10 +316,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                 (out.loss * (scale / tc.grad_accum)).backward()
             for k, v in {"loss": out.loss.detach(), **out.stats}.items():
                 stats_acc[k] = stats_acc.get(k, 0.0) + float(v) / tc.grad_accum
-        if oc.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, oc.grad_clip)
-        else:
-            grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, oc.grad_clip if oc.grad_clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+            grad_norm = grad_norm.full_tensor()
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -323,7 +328,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
             now = time.perf_counter()
             loss_mean = float(all_reduce_mean(torch.tensor(stats_acc["loss"]), ctx))
             row = {"step": step, "epoch": (step * tc.grad_accum) / max(1, sampler.batches_per_epoch),
-                   **{f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups if g["name"] in ("text", "vision")}, "grad_norm": float(grad_norm), "loss_mean_ranks": loss_mean,
+                   **{f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups if g["name"] in ("text", "vision")},
+                   "grad_norm": float(grad_norm), "loss_mean_ranks": loss_mean,
                    "sec_per_step": (now - t_last) / (step - last_log_step),
                    "skipped_scan": sum(scan_skipped.values()), "skipped_runtime": skipped_runtime,
                    "on_policy": on_policy, **stats_acc}
@@ -332,9 +338,12 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                 log.write(row)
                 bar.set_postfix(loss=f"{stats_acc['loss']:.4f}")
         if (step % tc.save_every == 0 or step == stop_at) and step < steps_total:
+            model_state = full_model_state(module) if sharded else None  # collectives: every rank
+            optim_state = full_optim_state(module, optimizer) if sharded else None
             if ctx.is_main:
-                save_resume(resume_dir, loaded, model, stage.block_size, optimizer, scheduler, step,
-                            {"stage": stage.name})
+                save_resume(resume_dir, loaded, model, stage.block_size,
+                            optim_state if sharded else optimizer.state_dict(), scheduler, step,
+                            {"stage": stage.name}, model_state)
             barrier(ctx)
     bar.close()
     if log is not None:
@@ -344,16 +353,21 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
             print(f"[{stage.name}] stopped after step {step}/{steps_total}; continue with --resume")
         return None
 
-    (stage_dir / f"param_digest.rank{ctx.rank}.txt").write_text(param_digest(model) + "\n")
+    full_state = full_model_state(module) if sharded else None  # a collective
+    if not sharded or ctx.is_main:
+        digest = param_digest(full_state if sharded else model.state_dict())
+        (stage_dir / f"param_digest.rank{ctx.rank}.txt").write_text(digest + "\n")
     if ctx.is_main:
-        save_model_as(loaded, model, stage.block_size, final_dir)
+        save_model_as(loaded, model, stage.block_size, final_dir, full_state)
         shutil.rmtree(resume_dir, ignore_errors=True)
         summary = {"stage": stage.name, "block_size": stage.block_size, "steps": steps_total,
                    "skipped_scan": scan_skipped, "skipped_runtime": skipped_runtime}
         if cfg.eval.enabled and dc.val:
             ec = cfg.eval
             val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip")
-            metrics = evaluate(model, loaded.processor, loaded.settings, _examples(val, ec.max_samples),
+            eval_model = load(final_dir, device=device).model if sharded else model
+            use_backend(eval_model, tc.backend)
+            metrics = evaluate(eval_model, loaded.processor, loaded.settings, _examples(val, ec.max_samples),
                                stage.block_size, ec.steps, ec.strategy, ec.threshold, ec.max_new_tokens,
                                ec.batch_size, tc.backend)
             metrics["skipped_val"] = val.stats.skipped
