@@ -42,6 +42,12 @@ WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's documented default float workspace
 _BSR_CACHE_SIZE = 8
 
 
+def kernel_backend() -> str:
+    """FlashInfer kernel family: "fa2" by default (one JIT build per head size serves every call here;
+    "auto" picks FA3 on Hopper where it can, at the cost of more kernels to JIT-compile)."""
+    return os.environ.get("WAM_FLASHINFER_BACKEND", "fa2")
+
+
 def prefill_mode() -> str:
     mode = os.environ.get("WAM_FLASHINFER_PREFILL", "block_sparse")
     if mode not in PREFILL_MODES:
@@ -77,7 +83,7 @@ class PagedStep:
                            paged_kv_indices_buf=torch.empty(n_req, **int32),
                            paged_kv_last_page_len_buf=torch.empty(n_req, **int32))
         workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
-        self.wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND", **buffers)
+        self.wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND", backend=kernel_backend(), **buffers)
         self.kv_lens: Optional[list[int]] = None
 
     def plan(self, kv_lens: list[int]) -> None:
@@ -156,7 +162,8 @@ def _bsr_wrapper(fi, device, n_real: int, block: int, heads: int, kv_heads: int,
         _BSR.move_to_end(key)
         return _BSR[key]
     indptr, indices = (t.to(device) for t in block_causal_bsr(n_real, block))
-    wrapper = fi.BlockSparseAttentionWrapper(torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device))
+    wrapper = fi.BlockSparseAttentionWrapper(torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device),
+                                             backend=kernel_backend())
     wrapper.plan(indptr, indices, n_real, n_real, block, block, heads, kv_heads, head_dim,
                  causal=False, sm_scale=head_dim ** -0.5, q_data_type=dtype, kv_data_type=dtype, o_data_type=dtype)
     _BSR[key] = wrapper
@@ -195,7 +202,8 @@ def _block_sparse_prefill(fi, q, k, v, block: int, scaling) -> torch.Tensor:
     if head:
         wrapper = _bsr_wrapper(fi, q.device, head, block, q.shape[1], k.shape[1], q.shape[2], q.dtype)
         out[:head] = wrapper.run(q[:head], k[:head], v[:head])
-    out[head:] = fi.single_prefill_with_kv_cache(q[head:], k, v, causal=False, sm_scale=scaling)
+    out[head:] = fi.single_prefill_with_kv_cache(q[head:], k, v, causal=False, sm_scale=scaling,
+                                                    backend=kernel_backend())
     return out
 
 
@@ -213,18 +221,18 @@ def _masked(fi, spec, query, key, value, scaling) -> torch.Tensor:
         if host["prompt"] and mode == "block_sparse" and host["block"] > 1:
             o = _block_sparse_prefill(fi, q, k, v, host["block"], scaling)
         elif host["prompt"] and host["block"] == 1:
-            o = fi.single_prefill_with_kv_cache(q, k, v, causal=True, sm_scale=scaling)
+            o = fi.single_prefill_with_kv_cache(q, k, v, causal=True, sm_scale=scaling, backend=kernel_backend())
         else:
             mask = spec.dense()[i, 0, qp:, kp:].contiguous()
-            o = fi.single_prefill_with_kv_cache(q, k, v, custom_mask=mask, sm_scale=scaling)
+            o = fi.single_prefill_with_kv_cache(q, k, v, custom_mask=mask, sm_scale=scaling, backend=kernel_backend())
         out[i, qp:] = o
     return out
 
 
 def _full(fi, query, key, value, scaling) -> torch.Tensor:
     b, h, n, d = query.shape
-    outs = [fi.single_prefill_with_kv_cache(query[i].transpose(0, 1).contiguous(), key[i], value[i],
-                                            kv_layout="HND", causal=False, sm_scale=scaling) for i in range(b)]
+    outs = [fi.single_prefill_with_kv_cache(query[i].transpose(0, 1).contiguous(), key[i], value[i], kv_layout="HND",
+                                            causal=False, sm_scale=scaling, backend=kernel_backend()) for i in range(b)]
     return torch.stack(outs)
 
 

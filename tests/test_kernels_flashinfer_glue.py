@@ -38,8 +38,8 @@ def _attend(q, k, v, mask, scale):
 
 
 class _Paged:
-    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, **buffers):
-        assert kv_layout == "HND"
+    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, backend="auto", **buffers):
+        assert kv_layout == "HND" and backend in ("fa2", "fa3", "auto")
         self.calls = 0
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
@@ -78,7 +78,7 @@ class _BlockSparse:
         return _attend(q, k, v, self.mask, self.scale)
 
 
-def _single_prefill(q, k, v, custom_mask=None, causal=False, kv_layout="NHD", sm_scale=None):
+def _single_prefill(q, k, v, custom_mask=None, causal=False, kv_layout="NHD", sm_scale=None, backend="auto"):
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)
     mask = custom_mask
