@@ -192,3 +192,17 @@ def test_config_file_overrides_and_unknown_keys(tmp_path):
         load_config(path, ["optim.lrr=1"])
     with pytest.raises(ConfigError, match="batch_size"):
         load_config(None, ["train.batch_size=many"])
+
+
+def test_optimizer_groups_give_the_vision_tower_its_own_lr_and_norms_no_decay(nano):
+    from training.trainer import param_groups, warmup_cosine
+
+    groups = {g["name"]: g for g in param_groups(nano.model, 1e-3, 1e-5, 0.05)}
+    assert set(groups) == {"text", "text_no_decay", "vision", "vision_no_decay"}
+    assert groups["vision"]["lr"] == 1e-5 and groups["text"]["lr"] == 1e-3
+    assert groups["text_no_decay"]["weight_decay"] == 0.0 and groups["text"]["weight_decay"] == 0.05
+    n_vision = sum(p.numel() for p in nano.model.model.visual.parameters())
+    assert sum(p.numel() for g in ("vision", "vision_no_decay") for p in groups[g]["params"]) == n_vision
+    f = warmup_cosine(total_steps=110, warmup_steps=10, min_ratio=0.1)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(10) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
