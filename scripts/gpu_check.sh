@@ -10,8 +10,9 @@
 # `bash scripts/gpu_check.sh $OUT` with timeout_s 600. Steps are ordered so that what needs no
 # FlashInfer lands first, each under its own time limit, and the ladders write their JSON after every
 # row: a step that runs out of time still leaves what it measured. Total wall time stays under 10 min
-# (FlashInfer JIT-compiles its kernels on first use; FLASHINFER_CUDA_ARCH_LIST limits it to this GPU, and
-# the backend uses the FA2 family unless WAM_FLASHINFER_BACKEND=auto, which keeps the builds few).
+# (FlashInfer JIT-compiles its kernels on first use; FLASHINFER_CUDA_ARCH_LIST limits the builds to this
+# GPU, and the backend keeps to the FA2 family, one build per head size and call kind, unless
+# WAM_FLASHINFER_BACKEND=auto is set).
 #
 # Files written (the device tool brings back at most 8): env.txt, tests.log, ladder.log,
 # ladder_qwen3-vl-2b.json, ladder_nano.json, summary.txt.
