@@ -157,6 +157,8 @@ class Ladder:
 
     def measure(self, rung: str, batch: PromptBatch, K: int) -> dict:
         self._activate(rung)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         runs = [self._decode(rung, batch, K) for _ in range(self.args.repeats + 1)]  # first: warm-up (+ capture)
         warm, runs = runs[0], runs[1:]
         decode_s = min(r.timings["denoise"] + r.timings["commit"] for r in runs)
@@ -175,7 +177,8 @@ class Ladder:
             cache_tokens = batch.input_ids.shape[1] + self.args.new_tokens / 2
             gbps = bytes_per_forward(self.model, cache_tokens, batch.batch_size) * forwards / decode_s / 1e9
             peak = peak_bandwidth(self.device)
-            row.update(achieved_gbps=gbps, bandwidth_util=gbps / peak if peak else None)
+            row.update(achieved_gbps=gbps, bandwidth_util=gbps / peak if peak else None,
+                       peak_mem_mb=torch.cuda.max_memory_allocated(self.device) / 2**20)
         return row
 
     def prefill_modes(self, batch: PromptBatch) -> list[dict]:
