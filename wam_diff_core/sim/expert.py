@@ -14,6 +14,8 @@ import numpy as np
 from highway_env.vehicle.behavior import IDMVehicle
 from highway_env.vehicle.controller import ControlledVehicle
 
+from .traffic import leader_acceleration
+
 RING_NODES = ("se", "ex", "ee", "nx", "ne", "wx", "we", "sx")
 PREDICT_TIMES_S = np.arange(0.0, 8.01, 0.25)
 CONFLICT_DISTANCE_M = 5.5
@@ -28,6 +30,7 @@ YAW_RATE_MAX = 0.9       # rad/s, comfort bound is 0.95
 LAT_JERK_MAX = 8.0       # m/s^3
 LON_JERK_MAX = 3.0       # m/s^3, comfort bound is 4.13
 EMERGENCY_DECEL = 3.0    # m/s^2
+CURVE_LAT_ACCEL = 3.0    # m/s^2, speed target on arcs
 MERGE_MIN_GAP_M = 8.0
 MERGE_MAX_IMPOSED_BRAKE = 2.0
 
@@ -65,10 +68,16 @@ class ExpertVehicle(IDMVehicle):
             self.target_speed = getattr(self, "cruise_speed", self.target_speed) or 10.0
         if not self.crashed:
             self._mandatory_lane_change()
+        if not self.crashed:
+            self.target_speed = self._curve_speed(getattr(self, "cruise_speed", None) or self.target_speed)
         super().act(action)
         if self.crashed:
             return
         self.yielding = False
+        if self.junction:
+            a_lead = leader_acceleration(self, self.road.vehicles)
+            if a_lead is not None:
+                self.action["acceleration"] = min(self.action["acceleration"], a_lead)
         if self.junction and self.route:
             a_yield = self._yield_acceleration()
             if a_yield is not None:
@@ -107,6 +116,25 @@ class ExpertVehicle(IDMVehicle):
             self.speed = 0.0
 
     # ------------------------------------------------------------------
+    def _curve_speed(self, cruise: float) -> float:
+        """Cruise speed capped on arcs (the current lane and the next one on the route) so the lateral
+        acceleration stays under CURVE_LAT_ACCEL: v <= sqrt(a_lat x radius)."""
+        lanes = [self.lane]
+        if self.route:
+            idx = next((i for i, li in enumerate(self.route) if li[:2] == self.lane_index[:2]), None)
+            nxt = self.route[idx + 1] if idx is not None and idx + 1 < len(self.route) else None
+            if nxt is not None:
+                try:
+                    lanes.append(self.road.network.get_lane((nxt[0], nxt[1], nxt[2] if nxt[2] is not None else 0)))
+                except (KeyError, IndexError):
+                    pass
+        v = cruise
+        for lane in lanes:
+            radius = getattr(lane, "radius", None)
+            if radius:
+                v = min(v, float(np.sqrt(CURVE_LAT_ACCEL * radius)))
+        return v
+
     def _mandatory_lane_change(self) -> None:
         """Leave a lane that ends (a merge's acceleration lane) towards the lane on its left once the
         gap there is safe, instead of steering off the lane's end."""

@@ -44,13 +44,18 @@ gym.logger.min_level = 40  # silence "environment is out of date" deprecation no
 
 # Creating an intersection env rewrites IDMVehicle class constants process-wide; snapshot the
 # defaults at import and restore them before every reset so one route never changes another.
-_IDM_DEFAULTS = {k: getattr(IDMVehicle, k) for k in
-                 ("DISTANCE_WANTED", "COMFORT_ACC_MAX", "COMFORT_ACC_MIN", "TIME_WANTED", "DELTA", "ACC_MAX")}
+from .traffic import TrafficVehicle  # noqa: E402
+
+_IDM_KEYS = ("DISTANCE_WANTED", "COMFORT_ACC_MAX", "COMFORT_ACC_MIN", "TIME_WANTED", "DELTA", "ACC_MAX")
+_IDM_DEFAULTS = {cls: {k: cls.__dict__[k] for k in _IDM_KEYS if k in cls.__dict__}
+                 for cls in (IDMVehicle, TrafficVehicle)}
+TRAFFIC_CLASS = "wam_diff_core.sim.traffic.TrafficVehicle"
 
 WHEELBASE_M = Vehicle.LENGTH  # highway-env's bicycle is referenced at the centre with wheelbase = LENGTH
 EGO_LENGTH_M = Vehicle.LENGTH
 EGO_WIDTH_M = Vehicle.WIDTH
 MAX_STEER_RAD = math.radians(45.0)
+OFF_ROAD_TOLERANCE_M = 0.5  # centre beyond a lane edge by more than this counts as outside the lanes
 
 ENV_IDS = {
     "highway": "highway-v0", "highway_dense": "highway-v0", "emergency_brake": "highway-v0", "cut_in": "highway-v0",
@@ -189,7 +194,9 @@ class HighwayWorld:
                         "vehicles_count": int(r.options.get("vehicles", 25)),
                         "vehicles_density": float(r.density), "ego_spacing": 1.5,
                         "initial_lane_id": r.options.get("ego_lane")})
-        elif r.scenario == "intersection":
+        if r.scenario in JUNCTION_SCENARIOS:
+            cfg["other_vehicles_type"] = TRAFFIC_CLASS
+        if r.scenario == "intersection":
             cfg.update({"destination": r.options.get("destination", "o1"),
                         "spawn_probability": float(min(0.9, 0.6 * r.density)),
                         "initial_vehicle_count": int(10 * r.density)})
@@ -199,8 +206,12 @@ class HighwayWorld:
 
     def reset(self) -> Tick:
         """Build the route's scene from its seed and return the first tick."""
-        for k, v in _IDM_DEFAULTS.items():
-            setattr(IDMVehicle, k, v)
+        for cls, values in _IDM_DEFAULTS.items():
+            for k in _IDM_KEYS:
+                if k in values:
+                    setattr(cls, k, values[k])
+                elif k in cls.__dict__:
+                    delattr(cls, k)  # fall back to the parent's value again
         if self.env is not None:
             self.env.close()
         r = self.route
@@ -466,7 +477,7 @@ class HighwayWorld:
             t=round(self._t, 6), frame=frame,
             ego=EgoState(vx=float(vx), vy=float(vy), ax=float(ax), ay=float(ay), yaw_rate=float(yaw_rate)),
             pose=(float(xy[0]), float(xy[1]), float(yaw)), command=self._command(progress),
-            vehicles=vehicles, collision=bool(ego.crashed), off_road=not ego.lane.on_lane(ego.position),
+            vehicles=vehicles, collision=bool(ego.crashed), off_road=self._road_deviation() > OFF_ROAD_TOLERANCE_M,
             progress_m=float(progress), route_deviation_m=float(deviation),
             lane_count=lane_count, lane_id=lane_id, detections=detections,
         )
