@@ -44,6 +44,7 @@ gym.logger.min_level = 40  # silence "environment is out of date" deprecation no
 
 # Creating an intersection env rewrites IDMVehicle class constants process-wide; snapshot the
 # defaults at import and restore them before every reset so one route never changes another.
+from .expert import is_junction_lane  # noqa: E402
 from .traffic import TrafficVehicle  # noqa: E402
 
 _IDM_KEYS = ("DISTANCE_WANTED", "COMFORT_ACC_MAX", "COMFORT_ACC_MIN", "TIME_WANTED", "DELTA", "ACC_MAX")
@@ -305,7 +306,7 @@ class HighwayWorld:
                 pts.append(p)
                 total += float(lane.length)
                 # the junction ends where the route leaves its last inner lane
-                if li[0].startswith(("ir", "il")) or li[1] in ("nxs", "exs", "wxs", "sxs") or li[0] in ("se", "ex", "ee", "nx", "ne", "wx", "we", "sx"):
+                if is_junction_lane(li):
                     junction_end_s = total
             poly = np.concatenate(pts, axis=0)
         else:
