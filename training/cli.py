@@ -4,6 +4,7 @@
   wam-diff-train adapt   --config ... --init runs/x/ar/model --block-sizes 4,8,16,32
   wam-diff-train distill --config ... --teacher CKPT --teacher-block-size 16 --student CKPT --block-size 32
   wam-diff-train plot    --out runs/x            (loss curve of every stage: PNG + JSON)
+  wam-diff-train eval    --model CKPT --data VAL.json --steps 8     (decode + score a split)
   wam-diff-train speed   --init CKPT --data D --block-sizes 1,32   (seconds per optimizer step)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
@@ -63,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--on-policy-every", type=int, help="student generates the responses every N steps")
     plot = sub.add_parser("plot", help="loss curve of every stage under --out")
     plot.add_argument("--out", required=True)
+    ev = sub.add_parser("eval", help="decode a validation split with a checkpoint; JSON metrics")
+    ev.add_argument("--model", required=True, help="checkpoint directory")
+    ev.add_argument("--data", required=True, help="validation dataset")
+    ev.add_argument("--block-size", type=int, help="default: the checkpoint's trained block size")
+    ev.add_argument("--steps", type=int, help="denoising steps K per block (default B)")
+    ev.add_argument("--strategy", default="low_confidence_dynamic")
+    ev.add_argument("--threshold", type=float, default=0.9)
+    ev.add_argument("--max-samples", type=int, default=64)
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--json", help="write the metrics here")
     speed = sub.add_parser("speed", help="seconds per optimizer step at several block sizes (table + JSON)")
     speed.add_argument("--init", default="nano", help="checkpoint directory or preset")
     speed.add_argument("--data", action="append", required=True, help="dataset file (repeatable)")
@@ -125,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
 
         print(plot_run(Path(args.out)))
         return 0
+    if args.stage == "eval":
+        return run_eval(args)
     if args.stage == "speed":
         from .speed import run as run_speed
 
@@ -149,6 +162,27 @@ def run(args: argparse.Namespace) -> int:
                 print(f"[{stage.name}] checkpoint: {final}")
     finally:
         cleanup(ctx)
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from wam_diff_core.model.checkpoint import load_model
+
+    from .data import DrivingDataset
+    from .evaluate import evaluate
+    from .trainer import _examples
+
+    loaded = load_model(args.model)
+    B = args.block_size or loaded.settings.trained_block_size
+    val = DrivingDataset(args.data, loaded.processor, 1 << 16, 1 << 16, "skip")
+    metrics = evaluate(loaded.model, loaded.processor, loaded.settings, _examples(val, args.max_samples), B,
+                       args.steps, args.strategy, args.threshold, args.max_new_tokens)
+    text = json.dumps(metrics, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
     return 0
 
 

@@ -21,8 +21,9 @@ def _stage_order(name: str) -> tuple:
     return (2, name)
 
 
-def plot_run(out: Path, key: str = "loss") -> Path:
-    """Write `<out>/loss_curve.png` and `<out>/loss_curve.json` (stages in chain order, steps concatenated)."""
+def plot_run(out: Path, key: str = "loss", smooth: int = 10) -> Path:
+    """Write `<out>/loss_curve.png` and `<out>/loss_curve.json` (stages in chain order, steps concatenated;
+    each stage raw and as a trailing mean over `smooth` steps)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,7 +39,10 @@ def plot_run(out: Path, key: str = "loss") -> Path:
         steps = [offset + r["step"] for r in rows]
         values = [r[key] for r in rows]
         curves[name] = {"step": steps, key: values}
-        ax.plot(steps, values, label=name)
+        line, = ax.plot(steps, values, alpha=0.3, linewidth=0.8)
+        w = max(1, min(smooth, len(values)))
+        mean = [sum(values[max(0, i - w + 1):i + 1]) / len(values[max(0, i - w + 1):i + 1]) for i in range(len(values))]
+        ax.plot(steps, mean, color=line.get_color(), label=f"{name} (mean of {w})")
         offset = steps[-1] if steps else offset
     ax.set_yscale("log")
     ax.set_xlabel("optimizer step (stages concatenated)")
