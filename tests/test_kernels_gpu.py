@@ -18,10 +18,6 @@ from wam_diff_core.prompts import chat_prompt, planning_prompt, qa_prompt
 from wam_diff_core.types import EgoState
 
 # The project has no pytest config file of its own to register `gpu` in; register it from here (pytest's
-# mark generator holds the session config) so selecting with -m gpu works and no warning is printed.
-_config = getattr(pytest.mark, "_config", None)
-if _config is not None:
-    _config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with a reason without one)")
 
 pytestmark = [
     pytest.mark.gpu,

@@ -80,3 +80,10 @@ def test_plan_parses_a_well_formed_answer_into_the_trajectory_and_boxes(policy, 
     (det,) = plan.detections
     h, w = camera_image.shape[:2]
     assert det.box_px == pytest.approx((0.0, 0.0, w / 2, h))
+
+
+def test_gpu_only_settings_on_a_cpu_model_name_what_is_missing(nano):
+    with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
+        DrivingPolicy(nano, PolicyConfig(cuda_graphs=True))
+    with pytest.raises(ValueError, match="flashinfer"):
+        DrivingPolicy(nano, PolicyConfig(backend="flashinfer"))

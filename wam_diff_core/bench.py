@@ -47,7 +47,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-sizes", default="1")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
-    parser.add_argument("--backend", default="sdpa", choices=["sdpa", "flex"])
+    parser.add_argument("--backend", default="sdpa", choices=["sdpa", "flex", "flashinfer"])
+    parser.add_argument("--cuda-graphs", default="off", choices=["on", "off"])
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt length for models without a tokenizer")
     parser.add_argument("--repeats", type=int, default=5)
@@ -89,7 +90,8 @@ def measure(runner, loaded, batch: PromptBatch, block_size: int, steps: int, arg
             res = generate_ar(runner, batch, args.new_tokens, settings.eos_token_id, ignore_eos=True)
         else:
             cfg = DecoderConfig(block_size=block_size, steps=steps, strategy="low_confidence_static",
-                                max_new_tokens=args.new_tokens, ignore_eos=True, fuse_commit=fuse, backend=args.backend)
+                                max_new_tokens=args.new_tokens, ignore_eos=True, fuse_commit=fuse, backend=args.backend,
+                                cuda_graphs=args.cuda_graphs == "on" and fuse)
             res = generate(runner, batch, cfg, settings.mask_token_id, settings.eos_token_id)
         runs.append(res)
     runs = runs[1:]
@@ -148,6 +150,7 @@ def run(args) -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "dtype": str(dtype).replace("torch.", ""),
         "backend": args.backend,
+        "cuda_graphs": args.cuda_graphs,
         "new_tokens": args.new_tokens,
         "strategy": "low_confidence_static",
         "timing": f"decode phase only (prefill and vision apart), best of {args.repeats} after one warm-up",

@@ -75,7 +75,11 @@ class DrivingPolicy:
         if self.config.cuda_graphs and device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs a CUDA device, the model is on {device}")
         if self.config.backend == "flashinfer":
-            raise ValueError("backend 'flashinfer' is not available in this installation (GPU kernels not installed)")
+            from kernels import missing_for_flashinfer
+
+            missing = missing_for_flashinfer()
+            if missing:
+                raise ValueError("backend 'flashinfer' needs " + " and ".join(missing))
         self.device = device
         self.runner = ModelRunner(loaded.model, self.config.backend)
 

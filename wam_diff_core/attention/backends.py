@@ -18,7 +18,7 @@ from transformers import AttentionInterface
 
 from .block_mask import visibility
 
-BACKENDS = ("sdpa", "flex")
+BACKENDS = ("sdpa", "flex")  # CPU and GPU; "flashinfer" (GPU) lives in kernels/
 _REGISTERED_NAME = {"sdpa": "wam_sdpa", "flex": "wam_flex"}
 
 
@@ -88,6 +88,11 @@ AttentionInterface.register(_REGISTERED_NAME["flex"], _flex)
 def use_backend(model, backend: str) -> None:
     """Route the text layers of a Qwen3-VL model through a registered block-causal backend
     (the vision tower keeps stock SDPA)."""
+    if backend == "flashinfer":
+        from kernels.flashinfer_attention import use_flashinfer
+
+        use_flashinfer(model)
+        return
     if backend not in _REGISTERED_NAME:
         raise ValueError(f"unknown attention backend {backend!r}; expected one of {BACKENDS}")
     model.set_attn_implementation({"text_config": _REGISTERED_NAME[backend], "vision_config": "sdpa"})

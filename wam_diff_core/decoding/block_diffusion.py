@@ -41,7 +41,14 @@ def _settled(x: torch.Tensor, masked: torch.Tensor, done: torch.Tensor, eos_id: 
 
 @torch.inference_mode()
 def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int) -> DecodeResult:
-    """Decode answers for a batch of prompts (on the runner's device)."""
+    """Decode answers for a batch of prompts (on the runner's device).
+
+    With CUDA graphs or the FlashInfer backend the capture-ready static path in `kernels` decodes
+    (same tokens; it hands B = 1 back here with graphs off)."""
+    if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
+        from kernels.graph_runner import generate_static
+
+        return generate_static(runner, batch, cfg, mask_id, eos_id)
     device = runner.device
     b, prompt_len = batch.input_ids.shape
     B, n_blocks = cfg.block_size, cfg.num_blocks
