@@ -20,10 +20,15 @@ def test_demo_drives_a_route_through_the_planner_node_and_writes_scores_and_vide
     routes = tmp_path / "routes.json"
     routes.write_text(json.dumps({"version": "test", "routes": [SHORT_ROUTE]}))
     out = tmp_path / "out"
+    # relative topic names, so the run stays inside its namespace even if another run shares the domain
+    topics = tmp_path / "topics.yaml"
+    topics.write_text(
+        "/**/wam_diff_planner:\n  ros__parameters:\n    camera_topics: [camera/image_raw]\n    odometry_topic: odom\n"
+        "/**/wam_diff_highway_bridge:\n  ros__parameters:\n    camera_topic: camera/image_raw\n    odometry_topic: odom\n")
     env = dict(os.environ, ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
                ROS_DOMAIN_ID=str(random.Random(os.getpid() + 7).randrange(151, 200)))
     cmd = [sys.executable, "-m", "wam_diff_ros.demo", "--model", "fake", "--routes-file", str(routes),
-           "--out", str(out), "--replan-every", "5", "--namespace", f"demo{os.getpid()}"]
+           "--out", str(out), "--replan-every", "5", "--namespace", f"demo{os.getpid()}", "--params-file", str(topics)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
@@ -34,5 +39,6 @@ def test_demo_drives_a_route_through_the_planner_node_and_writes_scores_and_vide
     assert record["invalid_plans"] == 0 and summary["plan_timeouts"] == 0
     ticks = record["ticks"]
     assert summary["plan_round_trip_ms"]["count"] == -(-ticks // 5)  # one plan every 5 ticks, lockstep
-    assert summary["policy"].startswith("ros:") and "driving score" in log
+    assert summary["policy"] == f"ros:/demo{os.getpid()}/wam_diff_planner" and "driving score" in log
+    assert f"/demo{os.getpid()}/camera/image_raw" in log  # the extra parameter file was applied
     assert summary["videos"] and os.path.getsize(summary["videos"][0]) > 1000
