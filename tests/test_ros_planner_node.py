@@ -242,6 +242,25 @@ def test_deactivate_during_a_plan_publishes_nothing_more_and_frees_the_model_whe
     assert probe.trajectories() == []
 
 
+def test_navigation_command_topic_sets_the_command_and_an_unknown_one_is_a_diagnostic_error(ros):
+    policy = FakePolicy()
+    node = ros.planner(policy)
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw")
+    cmd = probe.publisher(String, "command")
+    probe.wait_connected(cam, node)
+    probe.wait_for(lambda: cmd.get_subscription_count() >= 1, what="command subscriber")
+    cmd.publish(String(data="Turn Left"))
+    probe.wait_for(lambda: node._command == "turn left", what="command applied")
+    cmd.publish(String(data="fly"))
+    name = node.get_fully_qualified_name()
+    probe.wait_for(lambda: _diag_error_containing(probe, name, "'fly'"), what="ERROR naming the command")
+    cam.publish(image_msg(6.0))
+    probe.wait_for(lambda: probe.trajectories(_ns(_stamp(6.0))), what="plan")
+    assert policy.plan_calls[-1]["command"] == "turn left"
+    assert probe.trajectories(_ns(_stamp(6.0)))[0].command == "turn left"
+
+
 def test_two_cameras_20ms_apart_are_matched_and_200ms_apart_are_not(ros):
     policy = FakePolicy()
     node = ros.planner(policy, camera_topics=["front/image_raw", "left/image_raw"], sync_slop_s=0.05)
