@@ -1,8 +1,10 @@
 """Training stages end to end on the nano model and tiny datasets written here (CPU, seconds each)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,40 @@ def test_tiny_overfit_loss_falls_10x_and_greedy_decoding_reproduces_targets_at_b
         assert ev["exact_match"] == 1.0, ev
         fpt[strategy] = ev["forwards_per_token"]
     assert fpt["low_confidence_dynamic"] < 0.9 * fpt["low_confidence_static"], fpt
+
+
+def test_interrupted_run_resumed_gives_parameters_identical_to_an_uninterrupted_run(nano_ckpt, tmp_path):
+    data = write_dataset(tmp_path / "data", n=8)
+    args = ["adapt", "--init", str(nano_ckpt), "--block-sizes", "4", "--data", str(data), "--max-steps", "6",
+            "--batch-size", "4", "--lr", "1e-3", "--set", "train.save_every=1", "--set", "eval.enabled=false", *FAST]
+    assert main([*args, "--out", str(tmp_path / "straight")]) == 0
+    straight = load_file(tmp_path / "straight" / "block4" / "model" / "model.safetensors")
+    straight_losses = [r["loss"] for r in _metrics(tmp_path / "straight" / "block4")]
+    init = load_file(nano_ckpt / "model.safetensors")
+    assert any(not torch.equal(straight[k], init[k]) for k in straight)  # training moved the weights
+
+    # a planned stop (--stop-after) and a real SIGTERM in the middle of a run, each resumed to the end
+    assert main([*args, "--out", str(tmp_path / "planned"), "--stop-after", "2"]) == 0
+    killed = tmp_path / "killed" / "block4"
+    proc = subprocess.Popen([sys.executable, "-m", "training.cli", *args, "--out", str(tmp_path / "killed")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if (killed / "metrics.jsonl").is_file() and (killed / "metrics.jsonl").read_text().strip():
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()[-2000:]
+    for run in ("planned", "killed"):
+        stage = tmp_path / run / "block4"
+        assert not (stage / "model").exists() and (stage / "resume" / "trainer_state.pt").is_file(), run
+        assert 1 <= len(_metrics(stage)) < 6
+        assert main([*args, "--out", str(tmp_path / run), "--resume"]) == 0
+        resumed = load_file(stage / "model" / "model.safetensors")
+        assert resumed.keys() == straight.keys()
+        assert all(torch.equal(straight[k], resumed[k]) for k in straight), run
+        assert [r["step"] for r in _metrics(stage)] == [1, 2, 3, 4, 5, 6]
+        assert [r["loss"] for r in _metrics(stage)] == straight_losses
 
 
 def _torchrun(nano_ckpt, data, out, *extra):

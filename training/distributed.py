@@ -64,11 +64,12 @@ def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return out / ctx.world
 
 
-def broadcast_flag(flag: bool, ctx: DistContext) -> bool:
+def any_flag(flag: bool, ctx: DistContext) -> bool:
+    """True on every process when any process raised the flag (a one-integer all-reduce)."""
     if not ctx.enabled:
         return flag
     t = torch.tensor([int(flag)], device=ctx.device if ctx.device.type == "cuda" else "cpu")
-    dist.broadcast(t, 0)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
 

@@ -16,6 +16,8 @@ import hashlib
 import json
 import math
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,7 @@ from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
 from .collate import TrainBatch, collate
 from .config import Config, ConfigError
 from .data import DataError, DrivingDataset, Example, MixSampler, build_datasets
-from .distributed import (DistContext, all_reduce_mean, barrier, full_model_state, full_optim_state, is_sharded,
+from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_model_state, full_optim_state, is_sharded,
                           load_full_optim_state, wrap)
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
 from .objective import SelectedLogits, diffusion_loss, distill_loss
@@ -150,6 +152,27 @@ class MetricsLog:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class StopRequest:
+    """SIGTERM (a scheduler's preemption, `kill`) asks the stage to stop after the current step with a
+    resume point; the previous handler comes back when the stage ends."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _load_init(init: str, seed: int, device) -> LoadedModel:
@@ -282,69 +305,77 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                dynamic_ncols=True)
     step = start_step
     t_last, last_log_step = time.perf_counter(), start_step
-    while step < stop_at:
-        stats_acc: dict[str, float] = {}
-        on_policy = teacher is not None and dist_cfg.on_policy_every > 0 and step % dist_cfg.on_policy_every == 0
-        for micro in range(tc.grad_accum):
-            batch = next(batches)
-            scale = 1.0
-            if batch is not None:
-                skipped_runtime += len(batch.skipped)
-                if dc.on_bad_sample == "error" and batch.skipped:
-                    bad = batch.skipped[0]
-                    raise DataError(f"sample {bad.sample_id!r}: {bad.reason}")
-            if batch is None or batch.input_ids is None:
-                if last_good is None:
-                    raise DataError("a whole micro-batch of bad samples before any good one; check the dataset")
-                batch, scale = last_good, 0.0  # keep every process's forward/backward in step
-            else:
-                batch = batch.to(device)
-                last_good = batch
-            if on_policy:
-                batch = _on_policy_batch(model, loaded, batch, stage.block_size, dist_cfg.on_policy_steps,
-                                         dc.max_response_tokens - 1, tc.backend, stage.with_noisy, pad_id)
-            gen = torch.Generator(device=device).manual_seed(noise_seed(tc.seed, step, micro, ctx.rank))
-            sync = module.no_sync() if ctx.enabled and micro < tc.grad_accum - 1 else contextlib.nullcontext()
-            with sync, autocast:
-                if teacher is None:
-                    out = diffusion_loss(module, model, batch, stage.block_size, mask_id, gen, cfg.noise.t_min,
-                                         cfg.noise.t_max)
+    stop = StopRequest().__enter__()
+    try:
+        while step < stop_at:
+            stats_acc: dict[str, float] = {}
+            on_policy = teacher is not None and dist_cfg.on_policy_every > 0 and step % dist_cfg.on_policy_every == 0
+            for micro in range(tc.grad_accum):
+                batch = next(batches)
+                scale = 1.0
+                if batch is not None:
+                    skipped_runtime += len(batch.skipped)
+                    if dc.on_bad_sample == "error" and batch.skipped:
+                        bad = batch.skipped[0]
+                        raise DataError(f"sample {bad.sample_id!r}: {bad.reason}")
+                if batch is None or batch.input_ids is None:
+                    if last_good is None:
+                        raise DataError("a whole micro-batch of bad samples before any good one; check the dataset")
+                    batch, scale = last_good, 0.0  # keep every process's forward/backward in step
                 else:
-                    out = distill_loss(module, model, teacher, batch, stage.block_size, teacher_B, mask_id, gen,
-                                       cfg.noise.t_min, cfg.noise.t_max, 1.0 if on_policy else dist_cfg.ratio,
-                                       dist_cfg.divergence, dist_cfg.beta, dist_cfg.temperature, dist_cfg.chunk_size)
-                (out.loss * (scale / tc.grad_accum)).backward()
-            for k, v in {"loss": out.loss.detach(), **out.stats}.items():
-                stats_acc[k] = stats_acc.get(k, 0.0) + float(v) / tc.grad_accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, oc.grad_clip if oc.grad_clip > 0 else float("inf"))
-        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
-            grad_norm = grad_norm.full_tensor()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        bar.update(1)
-        if step % tc.log_every == 0 or step == stop_at:
-            now = time.perf_counter()
-            loss_mean = float(all_reduce_mean(torch.tensor(stats_acc["loss"]), ctx))
-            row = {"step": step, "epoch": (step * tc.grad_accum) / max(1, sampler.batches_per_epoch),
-                   **{f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups if g["name"] in ("text", "vision")},
-                   "grad_norm": float(grad_norm), "loss_mean_ranks": loss_mean,
-                   "sec_per_step": (now - t_last) / (step - last_log_step),
-                   "skipped_scan": sum(scan_skipped.values()), "skipped_runtime": skipped_runtime,
-                   "on_policy": on_policy, **stats_acc}
-            t_last, last_log_step = now, step
-            if log is not None:
-                log.write(row)
-                bar.set_postfix(loss=f"{stats_acc['loss']:.4f}")
-        if (step % tc.save_every == 0 or step == stop_at) and step < steps_total:
-            model_state = full_model_state(module) if sharded else None  # collectives: every rank
-            optim_state = full_optim_state(module, optimizer) if sharded else None
-            if ctx.is_main:
-                save_resume(resume_dir, loaded, model, stage.block_size,
-                            optim_state if sharded else optimizer.state_dict(), scheduler, step,
-                            {"stage": stage.name}, model_state)
-            barrier(ctx)
+                    batch = batch.to(device)
+                    last_good = batch
+                if on_policy:
+                    batch = _on_policy_batch(model, loaded, batch, stage.block_size, dist_cfg.on_policy_steps,
+                                             dc.max_response_tokens - 1, tc.backend, stage.with_noisy, pad_id)
+                gen = torch.Generator(device=device).manual_seed(noise_seed(tc.seed, step, micro, ctx.rank))
+                sync = module.no_sync() if ctx.enabled and micro < tc.grad_accum - 1 else contextlib.nullcontext()
+                with sync, autocast:
+                    if teacher is None:
+                        out = diffusion_loss(module, model, batch, stage.block_size, mask_id, gen, cfg.noise.t_min,
+                                             cfg.noise.t_max)
+                    else:
+                        out = distill_loss(module, model, teacher, batch, stage.block_size, teacher_B, mask_id, gen,
+                                           cfg.noise.t_min, cfg.noise.t_max, 1.0 if on_policy else dist_cfg.ratio,
+                                           dist_cfg.divergence, dist_cfg.beta, dist_cfg.temperature, dist_cfg.chunk_size)
+                    (out.loss * (scale / tc.grad_accum)).backward()
+                for k, v in {"loss": out.loss.detach(), **out.stats}.items():
+                    stats_acc[k] = stats_acc.get(k, 0.0) + float(v) / tc.grad_accum
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, oc.grad_clip if oc.grad_clip > 0 else float("inf"))
+            if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+                grad_norm = grad_norm.full_tensor()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            if step % tc.log_every == 0 or step == stop_at:
+                now = time.perf_counter()
+                loss_mean = float(all_reduce_mean(torch.tensor(stats_acc["loss"]), ctx))
+                row = {"step": step, "epoch": (step * tc.grad_accum) / max(1, sampler.batches_per_epoch),
+                       **{f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups if g["name"] in ("text", "vision")},
+                       "grad_norm": float(grad_norm), "loss_mean_ranks": loss_mean,
+                       "sec_per_step": (now - t_last) / (step - last_log_step),
+                       "skipped_scan": sum(scan_skipped.values()), "skipped_runtime": skipped_runtime,
+                       "on_policy": on_policy, **stats_acc}
+                t_last, last_log_step = now, step
+                if log is not None:
+                    log.write(row)
+                    bar.set_postfix(loss=f"{stats_acc['loss']:.4f}")
+            if any_flag(stop.requested, ctx) and step < stop_at:
+                stop_at = step  # preempted: save below and leave
+                if ctx.is_main:
+                    print(f"[{stage.name}] SIGTERM: stopping after step {step}")
+            if (step % tc.save_every == 0 or step == stop_at) and step < steps_total:
+                model_state = full_model_state(module) if sharded else None  # collectives: every rank
+                optim_state = full_optim_state(module, optimizer) if sharded else None
+                if ctx.is_main:
+                    save_resume(resume_dir, loaded, model, stage.block_size,
+                                optim_state if sharded else optimizer.state_dict(), scheduler, step,
+                                {"stage": stage.name}, model_state)
+                barrier(ctx)
+    finally:
+        stop.__exit__()
     bar.close()
     if log is not None:
         log.close()
