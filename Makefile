@@ -22,7 +22,7 @@ test: install
 	$(PY) -m pytest -q tests
 
 demo: install
-	$(VENV)/bin/wam-diff demo
+	$(VENV)/bin/wam-diff-demo
 
 bench: install
 	$(VENV)/bin/wam-diff bench --model nano --block-sizes 1,32 --steps 4,8,16 --batch-sizes 1 --device cpu --out runs/bench_nano.json
