@@ -232,3 +232,29 @@ def test_optimizer_groups_give_the_vision_tower_its_own_lr_and_norms_no_decay(na
     f = warmup_cosine(total_steps=110, warmup_steps=10, min_ratio=0.1)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(10) == pytest.approx(1.0)
     assert f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
+
+
+def test_model_wise_distillation_from_a_larger_teacher_trains_the_student(nano, nano_ckpt, tmp_path):
+    from wam_diff_core.model.presets import build_config, get_preset
+
+    c = nano.model.config
+    ids = {"pad_token_id": c.text_config.pad_token_id, "eos_token_id": c.text_config.eos_token_id,
+           "vision_start_token_id": c.vision_start_token_id, "vision_end_token_id": c.vision_end_token_id,
+           "image_token_id": c.image_token_id, "video_token_id": c.video_token_id}
+    torch.manual_seed(1)
+    big = Qwen3VLForConditionalGeneration._from_config(build_config(get_preset("nano-l"), ids))
+    teacher = tmp_path / "teacher"
+    save_model(LoadedModel(big.eval(), nano.processor, nano.settings, "nano-l"), teacher)
+    data = write_dataset(tmp_path / "data", n=4)
+    out = tmp_path / "kd"
+    assert main(["distill", "--teacher", str(teacher), "--student", str(nano_ckpt), "--block-size", "4",
+                 "--data", str(data), "--out", str(out), "--max-steps", "2", "--batch-size", "2", "--lr", "1e-3",
+                 "--set", "eval.enabled=false", *FAST]) == 0
+    rows = _metrics(out / "distill")
+    assert all(r["jsd"] > 1e-3 and 0.0 <= r["top5"] <= 1.0 for r in rows)  # two different networks
+    stage = json.loads((out / "distill" / "run_config.json").read_text())["stage"]
+    assert stage["teacher_block_size"] == 1  # not given: the teacher's own trained_block_size
+    student = load_file(out / "distill" / "model" / "model.safetensors")
+    init = load_file(nano_ckpt / "model.safetensors")
+    assert any(not torch.equal(student[k], init[k]) for k in student)
+    assert sum(p.numel() for p in big.parameters()) > 3 * sum(v.numel() for v in init.values())

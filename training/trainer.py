@@ -258,6 +258,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         teacher.requires_grad_(False)
         use_backend(teacher, tc.backend)
         teacher_B = teacher_B or t_loaded.settings.trained_block_size
+        stage.teacher_block_size = teacher_B  # recorded in run_config.json as used
         if t_loaded.settings.mask_token_id != mask_id:
             raise ConfigError(f"teacher mask token id {t_loaded.settings.mask_token_id} differs from the student's {mask_id}")
 
