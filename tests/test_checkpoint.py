@@ -77,7 +77,7 @@ def test_corrupt_settings_file_names_it(saved, tmp_path):
 
 
 def test_missing_directory_and_unknown_preset_are_named(tmp_path):
-    with pytest.raises(CheckpointError, match="no-such-model"):
+    with pytest.raises(CheckpointError, match="checkpoint directory not found: .*no-such-model"):
         load(str(tmp_path / "no-such-model"))
 
 
@@ -112,3 +112,19 @@ def test_nano_l_preset_is_the_15_to_25_million_parameter_teacher_with_the_nano_t
     teacher = build_preset("nano-l")
     assert 15e6 <= teacher.num_params <= 25e6
     assert teacher.processor.tokenizer.get_vocab() == nano.processor.tokenizer.get_vocab()
+
+
+def test_a_mistyped_path_is_reported_as_a_missing_directory_not_an_unknown_preset(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint directory not found: .*models/nano-s-b23"):
+        load(str(tmp_path / "models" / "nano-s-b23"))
+    with pytest.raises(CheckpointError, match="neither a checkpoint directory nor a preset"):
+        load("nanoo")
+
+
+def test_save_model_with_an_explicit_state_dict_writes_those_weights(nano, tmp_path):
+    state = {k: v.clone() for k, v in nano.model.state_dict().items()}
+    state["model.language_model.norm.weight"] = state["model.language_model.norm.weight"] + 1.0
+    path = save_model(nano, tmp_path / "explicit", state_dict=state)
+    loaded = load_model(path)
+    assert torch.equal(loaded.model.model.language_model.norm.weight, state["model.language_model.norm.weight"])
+    assert not (tmp_path / ".explicit.old").exists()

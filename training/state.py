@@ -6,10 +6,7 @@ temporary sibling first and renamed into place, so a crash mid-write leaves the 
 """
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -17,22 +14,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from wam_diff_core.model.atomic import atomic_directory
 from wam_diff_core.model.checkpoint import LoadedModel, save_model
 
 STATE_FILE = "trainer_state.pt"
 MODEL_DIR = "model"
-
-
-def atomic_replace(tmp: Path, path: Path) -> None:
-    """Move the finished directory `tmp` onto `path` (the old one, if any, is removed after)."""
-    if path.exists():
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
 
 
 def rng_state() -> dict:
@@ -55,23 +41,7 @@ def save_model_as(loaded: LoadedModel, model: torch.nn.Module, block_size: int, 
     """Save `model` (the unwrapped module being trained) with loaded's processor, trained_block_size = B.
     `state_dict`: full weights gathered from a sharded model (FSDP2), written in place of the module's own."""
     settings = replace(loaded.settings, trained_block_size=int(block_size))
-    if state_dict is None:
-        return save_model(LoadedModel(model, loaded.processor, settings, loaded.name), path)
-    path = Path(path)
-    if model.get_output_embeddings().weight is model.get_input_embeddings().weight:
-        # tied: a gathered state dict holds two copies; the checkpoint keeps the embedding only
-        state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
-        loaded.processor.save_pretrained(tmp)
-        settings.save(tmp)
-        atomic_replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    return save_model(LoadedModel(model, loaded.processor, settings, loaded.name), path, state_dict=state_dict)
 
 
 def save_resume(path: Path, loaded: LoadedModel, model: torch.nn.Module, block_size: int,
@@ -79,10 +49,7 @@ def save_resume(path: Path, loaded: LoadedModel, model: torch.nn.Module, block_s
                 model_state: Optional[dict] = None) -> Path:
     """Write a resume point atomically (rank 0; under DDP every rank holds the same state; under FSDP2
     pass the full model and optimizer state dicts gathered beforehand)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_directory(path) as tmp:
         save_model_as(loaded, model, block_size, tmp / MODEL_DIR, model_state)
         torch.save({
             "step": step,
@@ -91,11 +58,7 @@ def save_resume(path: Path, loaded: LoadedModel, model: torch.nn.Module, block_s
             "rng": rng_state(),
             "extra": extra or {},
         }, tmp / STATE_FILE)
-        atomic_replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    return Path(path)
 
 
 def load_resume(path: Path) -> dict:

@@ -6,9 +6,6 @@ refused), never remote code. A missing or corrupt file raises an error that name
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -18,6 +15,7 @@ from safetensors import safe_open
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from ..constants import EOS_TOKEN, IMAGE_PAD_TOKEN, PAD_TOKEN, VIDEO_PAD_TOKEN, VISION_END_TOKEN, VISION_START_TOKEN, WAM_DIFF_CONFIG_NAME
+from .atomic import atomic_directory
 from .presets import QWEN_SPECIAL_IDS, get_preset, build_config
 from .processor import IMAGE_PROCESSOR_FILE, VLProcessor
 from .settings import WamDiffSettings
@@ -136,28 +134,20 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     return LoadedModel(model, processor, settings, name=str(path))
 
 
-def save_model(loaded: LoadedModel, path: str | Path) -> Path:
-    """Write model (safetensors), processor and settings atomically: a temporary directory, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        loaded.model.save_pretrained(str(tmp), safe_serialization=True)
+def save_model(loaded: LoadedModel, path: str | Path, state_dict: Optional[dict] = None) -> Path:
+    """Write model (safetensors), processor and settings atomically: a temporary directory, then rename.
+
+    `state_dict`: full weights to write instead of the module's own (e.g. gathered from a sharded
+    model); with tied embeddings its `lm_head.weight` copy is dropped, as save_pretrained does."""
+    model = loaded.model
+    if state_dict is not None and model.get_output_embeddings().weight is model.get_input_embeddings().weight:
+        state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+    with atomic_directory(path) as tmp:
+        model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         if loaded.processor is not None:
             loaded.processor.save_pretrained(tmp)
         loaded.settings.save(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    return Path(path)
 
 
 def build_preset(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
@@ -193,6 +183,8 @@ def load(model: str | Path, device: str | torch.device = "cpu", dtype: torch.dty
     """A local checkpoint directory, or a preset name."""
     if Path(model).is_dir():
         return load_model(model, device=device, dtype=dtype)
+    if Path(model).exists() or any(sep in str(model) for sep in ("/", "\\")) or str(model).startswith("."):
+        raise CheckpointError(f"checkpoint directory not found: {model}")
     try:
         return build_preset(str(model), device=device, dtype=dtype)
     except ValueError as exc:
