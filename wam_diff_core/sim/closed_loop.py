@@ -81,7 +81,7 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
     status = None
     while True:
         k = world._ticks
-        if k - plan_tick >= replan_every or plan is None:
+        if k - plan_tick >= replan_every:
             t0 = time.perf_counter()
             p = safe_plan(policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command)
             plan_time += time.perf_counter() - t0

@@ -199,8 +199,8 @@ class HighwayWorld:
             cfg["other_vehicles_type"] = TRAFFIC_CLASS
         if r.scenario == "intersection":
             cfg.update({"destination": r.options.get("destination", "o1"),
-                        "spawn_probability": float(min(0.9, 0.6 * r.density)),
-                        "initial_vehicle_count": int(10 * r.density)})
+                        "spawn_probability": float(min(0.9, 0.3 * r.density)),
+                        "initial_vehicle_count": int(6 * r.density)})
         elif r.scenario == "roundabout":
             pass
         return cfg
@@ -357,7 +357,9 @@ class HighwayWorld:
                 elif hasattr(v, "junction_entry_t"):
                     del v.junction_entry_t
             self.env._clear_vehicles()
-            self.env._spawn_vehicle(spawn_probability=self.env.config["spawn_probability"])
+            # intersection-v0 spawns once per (1 Hz) env step; keep that rate at our 10 Hz ticks
+            if self._ticks % self.policy_hz == 0:
+                self.env._spawn_vehicle(spawn_probability=self.env.config["spawn_probability"])
         self._t += self.dt
         self._ticks += 1
         return self._observe()
@@ -587,6 +589,10 @@ class HighwayWorld:
             if not ego.route:
                 ego.route = [ego.target_lane_index]
             pos, _ = ego.predict_trajectory_constant_speed(times)
+        except (IndexError, KeyError):
+            # highway-env's route projection fails where lane counts change (ring -> exit): stay on the lane
+            s0, _ = ego.lane.local_coordinates(ego.position)
+            pos = [ego.lane.position(s0 + ego.speed * t, 0.0) for t in times]
         finally:
             ego.route = saved
         return world_to_ego(hw_to_world(np.asarray(pos)), hw_to_world(ego.position), -float(ego.heading))
