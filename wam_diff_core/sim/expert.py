@@ -139,8 +139,8 @@ class ExpertVehicle(IDMVehicle):
         """Leave a lane that ends (a merge's acceleration lane) towards the lane on its left once the
         gap there is safe, instead of steering off the lane's end."""
         a, b, k = self.lane_index
-        if self.target_lane_index != self.lane_index or k == 0 or a.startswith(("ir", "il")):
-            return
+        if self.junction or self.target_lane_index != self.lane_index or k == 0:
+            return  # (on a roundabout ring a road with fewer lanes ahead is an exit, not a lane end)
         nxt = self.road.network.graph.get(b, {})
         if not nxt or all(k < len(lanes) for lanes in nxt.values()):
             return

@@ -237,6 +237,9 @@ class HighwayWorld:
             ego.target_speed = float(r.options.get("target_speed", self._speed_limit(old)))
             ego.cruise_speed = ego.target_speed
             ego.junction = r.scenario in JUNCTION_SCENARIOS
+            # no MOBIL lane changes on the ring: exits leave from the outer lane, and cutting across
+            # from the inner one drove through the lane markings
+            ego.enable_lane_change = not ego.junction
             ego.dt = 1.0 / self.sim_hz
         else:
             ego = PolicyVehicle(road, old.position.copy(), heading=old.heading, speed=old.speed)
@@ -430,10 +433,18 @@ class HighwayWorld:
         return self._progress, float(d.min())
 
     def _road_deviation(self) -> float:
-        """Metres beyond the edge of the nearest lane (0 when on a lane)."""
-        lane = self.ego.lane
-        s, lat = lane.local_coordinates(self.ego.position)
-        return max(abs(lat) - lane.width_at(s) / 2.0, 0.0)
+        """Metres beyond the edge of the nearest lane of the whole road network (0 when on a lane)."""
+        pos = self.ego.position
+        best = math.inf
+        for tos in self.env.road.network.graph.values():
+            for lanes in tos.values():
+                for lane in lanes:
+                    s, lat = lane.local_coordinates(pos)
+                    excess = abs(lat) - lane.width_at(s) / 2.0 + max(s - lane.length, 0.0) + max(-s, 0.0)
+                    best = min(best, excess)
+                    if best <= 0.0:
+                        return 0.0
+        return max(best, 0.0)
 
     def _command(self, progress: float) -> str:
         if self._manoeuvre == "follow lane":
