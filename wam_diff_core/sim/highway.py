@@ -569,8 +569,12 @@ class HighwayWorld:
             for b, lanes in tos.items():
                 for k, lane in enumerate(lanes):
                     s_ego, _ = lane.local_coordinates(ego.position)
-                    lo = max(0.0, s_ego - radius_m)
-                    hi = min(float(lane.length), s_ego + radius_m)
+                    if lane.length <= 2 * radius_m:
+                        # short lanes whole: arcs' longitudinal coordinate wraps far from the arc
+                        lo, hi = 0.0, float(lane.length)
+                    else:
+                        lo = max(0.0, s_ego - radius_m)
+                        hi = min(float(lane.length), s_ego + radius_m)
                     if hi <= lo:
                         continue
                     s = np.arange(lo, hi + 1e-9, step_m)
