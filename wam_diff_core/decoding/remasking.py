@@ -33,9 +33,10 @@ def predict(logits: torch.Tensor, temperature: float, generator: torch.Generator
     Greedy at temperature 0; otherwise sampling without a host sync: argmax(p / Exponential(1)).
     """
     if temperature <= 0:
-        probs = torch.softmax(logits.float(), dim=-1)
-        conf, pred = probs.max(dim=-1)
-        return pred, conf
+        # max softmax probability = exp(max - logsumexp): no full probability tensor is written
+        logits = logits.float()
+        top, pred = logits.max(dim=-1)
+        return pred, torch.exp(top - torch.logsumexp(logits, dim=-1))
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     pred = (probs / noise).argmax(dim=-1)
