@@ -91,10 +91,10 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
             elif B > 1:
                 h = runner.forward_tokens(x, _full(b, B, block_id, device), _full(b, B, NOISY, device), cache, rope,
                                           full=not padded)
-            pred, conf = predict(prev_logits[:, None], cfg.temperature, generator)
-            if h is not None:  # token i > 0 of the block is predicted by block position i - 1
-                rest_pred, rest_conf = predict(runner.logits(h[:, : B - 1]), cfg.temperature, generator)
-                pred, conf = torch.cat([pred, rest_pred], 1), torch.cat([conf, rest_conf], 1)
+            # token 0 of the block is predicted by the previous block's last logit, token i > 0 by
+            # block position i - 1; one predict call keeps the sampling noise in block order
+            logits = prev_logits[:, None] if h is None else torch.cat([prev_logits[:, None], runner.logits(h[:, : B - 1])], 1)
+            pred, conf = predict(logits, cfg.temperature, generator)
             commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s)
             x = torch.where(commit, pred, x)
             masked = masked & ~commit
