@@ -28,19 +28,16 @@ import time
 import traceback
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from wam_diff_core.attention.backends import use_backend
-from wam_diff_core.bench import PEAK_BANDWIDTH_GBPS
+from wam_diff_core.bench import PEAK_BANDWIDTH_GBPS, benchmark_prompts
 from wam_diff_core.decoding.ar import generate_ar
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
 from wam_diff_core.model.checkpoint import load
 from wam_diff_core.model.processor import PromptBatch
 from wam_diff_core.model.runner import ModelRunner
-from wam_diff_core.prompts import chat_prompt, planning_prompt
-from wam_diff_core.types import EgoState
 
 from . import missing_for_flashinfer
 from .graph_runner import GraphRunner
@@ -87,15 +84,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def prompts(loaded, batch_size: int, prompt_len: int, device) -> PromptBatch:
-    if loaded.processor is not None:
-        image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
-        text = chat_prompt(planning_prompt(EgoState(vx=8.0, ax=0.2), "follow lane"), 1)
-        return loaded.processor.encode([text] * batch_size, [[image]] * batch_size).to(device)
-    vocab = min(loaded.model.config.text_config.vocab_size, 150000)
-    ids = torch.randint(0, vocab, (batch_size, prompt_len), generator=torch.Generator().manual_seed(0))
-    return PromptBatch(ids, torch.ones_like(ids, dtype=torch.bool), torch.zeros_like(ids, dtype=torch.int32),
-                       None, None).to(device)
+prompts = benchmark_prompts
 
 
 def diversify(model, std: float, seed: int = 0) -> None:

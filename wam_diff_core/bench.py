@@ -56,7 +56,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="runs/bench.json")
 
 
-def _prompts(loaded, batch_size: int, prompt_len: int, device) -> PromptBatch:
+def benchmark_prompts(loaded, batch_size: int, prompt_len: int, device) -> PromptBatch:
+    """The benchmark's prompts: a planning prompt with one 224x224 image, or random ids for models without a tokenizer."""
     if loaded.processor is not None:
         image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
         text = chat_prompt(planning_prompt(EgoState(vx=8.0, ax=0.2), "follow lane"), 1)
@@ -127,7 +128,7 @@ def run(args) -> int:
     ]
     rows, ar_speed = [], {}
     for bs, B, K in tqdm(configs, desc="bench", unit="config"):
-        batch = _prompts(loaded, bs, args.prompt_len, device)
+        batch = benchmark_prompts(loaded, bs, args.prompt_len, device)
         m = measure(runner, loaded, batch, B, K, args)
         row = {"block_size": B, "steps": K, "batch_size": bs, **{k: m[k] for k in ("tokens_per_s", "ms_per_token", "forwards_per_token", "prefill_ms", "vision_ms")}}
         if B > 1:
