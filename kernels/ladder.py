@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from wam_diff_core.attention.backends import use_backend
-from wam_diff_core.bench import PEAK_BANDWIDTH_GBPS, benchmark_prompts
+from wam_diff_core.bench import PEAK_BANDWIDTH_GBPS, benchmark_prompts, bytes_per_forward
 from wam_diff_core.decoding.ar import generate_ar
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
@@ -93,16 +93,6 @@ def diversify(model, std: float, seed: int = 0) -> None:
         for p in model.parameters():
             if p.ndim >= 2:
                 p.copy_((torch.randn(p.shape, generator=gen) * std).to(p.dtype))
-
-
-def bytes_per_forward(model, cache_tokens: float, batch: int) -> float:
-    """Bytes a decode forward must read at least: text weights once, plus the KV cache of the batch."""
-    cfg = model.config.text_config
-    params = [p for n, p in model.named_parameters() if "visual" not in n]
-    weights = sum(p.numel() * p.element_size() for p in params)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * cache_tokens * batch * params[0].element_size()
-    return weights + kv
 
 
 class Ladder:

@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 from wam_diff_core.attention.backends import BlockSpec
+from wam_diff_core.model.kv_cache import cache_geometry
 
 
 @dataclass
@@ -51,10 +52,9 @@ class StaticKVCache:
 
     @classmethod
     def for_model(cls, model, batch: int, max_len: int) -> "StaticKVCache":
-        cfg = model.config.text_config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        layers, kv_heads, head_dim = cache_geometry(model)
         param = next(model.parameters())
-        return cls(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, head_dim, max_len, param.dtype, param.device)
+        return cls(layers, batch, kv_heads, head_dim, max_len, param.dtype, param.device)
 
     def load_prefill(self, keys: torch.Tensor, values: torch.Tensor, pads: list[int]) -> list[int]:
         """Copy a prefilled left-padded cache (layers, batch, kv_heads, L, head_dim) in, padding removed.

@@ -21,6 +21,7 @@ from .decoding.ar import generate_ar
 from .decoding.block_diffusion import generate
 from .decoding.config import DecoderConfig
 from .model.checkpoint import load
+from .model.kv_cache import cache_geometry
 from .model.processor import PromptBatch
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, planning_prompt
@@ -74,13 +75,12 @@ def _peak_mem_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
 
 
-def _bytes_per_forward(loaded, cache_tokens: int, batch: int) -> float:
-    cfg = loaded.model.config.text_config
-    elem = next(loaded.model.parameters()).element_size()
-    text_params = sum(p.numel() for n, p in loaded.model.named_parameters() if "visual" not in n)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * cache_tokens * batch
-    return (text_params + kv) * elem
+def bytes_per_forward(model, cache_tokens: float, batch: int) -> float:
+    """Bytes a decode forward must read at least: text weights once, plus the KV cache of the batch."""
+    params = [p for n, p in model.named_parameters() if "visual" not in n]
+    weights = sum(p.numel() * p.element_size() for p in params)
+    layers, kv_heads, head_dim = cache_geometry(model)
+    return weights + 2 * layers * kv_heads * head_dim * cache_tokens * batch * params[0].element_size()
 
 
 def measure(runner, loaded, batch: PromptBatch, block_size: int, steps: int, args, fuse: bool = True) -> dict:
@@ -140,7 +140,7 @@ def run(args) -> int:
         row["peak_mem_mb"] = _peak_mem_mb(device)
         if device.type == "cuda":
             cache_tokens = batch.input_ids.shape[1] + args.new_tokens // 2
-            gbps = _bytes_per_forward(loaded, cache_tokens, bs) * m["forwards"] / m["decode_s"] / 1e9
+            gbps = bytes_per_forward(loaded.model, cache_tokens, bs) * m["forwards"] / m["decode_s"] / 1e9
             row["achieved_gbps"] = gbps
             row["bandwidth_util"] = gbps / peak_bw if peak_bw else None
         rows.append(row)

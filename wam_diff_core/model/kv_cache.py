@@ -13,6 +13,13 @@ from __future__ import annotations
 import torch
 
 
+def cache_geometry(model) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of a Qwen3-VL model's text KV cache."""
+    cfg = model.config.text_config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
+
+
 class BlockKVCache:
     def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str):
@@ -27,10 +34,9 @@ class BlockKVCache:
 
     @classmethod
     def for_model(cls, model, batch: int, max_len: int) -> "BlockKVCache":
-        cfg = model.config.text_config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        layers, kv_heads, head_dim = cache_geometry(model)
         param = next(model.parameters())
-        return cls(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, head_dim, max_len, param.dtype, param.device)
+        return cls(layers, batch, kv_heads, head_dim, max_len, param.dtype, param.device)
 
     def stage(self, q_block: torch.Tensor, q_kind: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Record the block ids / kinds of the next forward's n tokens; return those of all its keys."""
