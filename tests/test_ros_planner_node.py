@@ -288,7 +288,7 @@ def test_two_cameras_20ms_apart_are_matched_and_200ms_apart_are_not(ros):
 
 
 def test_burst_of_50_images_at_100hz_plans_on_the_newest_and_reports_the_rest_dropped(ros):
-    delay_s = 0.15
+    delay_s = 0.3
     policy = FakePolicy(delay_s=delay_s)
     node = ros.planner(policy, image_reliability="best_effort", rate_hz=0.0)
     probe = ros.probe
@@ -309,13 +309,15 @@ def test_burst_of_50_images_at_100hz_plans_on_the_newest_and_reports_the_rest_dr
     planned = len(probe.trajectories())
     counts = node.stats.counts
     delivered = counts["frames_received"] - counts["frames_rejected"] - counts["frames_unmatched"]
-    # with a backlog the last plan would come ~50 x 0.15 s = 7.5 s after the burst
+    # with a backlog the last plan would come ~50 x 0.3 s = 15 s after the burst
     assert caught_up_s < 20 * delay_s, f"last image planned {caught_up_s:.2f} s after the burst: a queue"
     assert planned < 25, f"{planned} plans for 50 images at {delay_s} s per plan: frames were queued"
     assert planned == len(policy.plan_calls) == counts["plans_published"]
-    # best-effort depth-1 delivery may itself discard frames the executor had not taken yet;
-    # every frame the node did receive is either planned or reported dropped
-    assert counts["frames_dropped"] == delivered - planned >= 5, (counts, planned)
+    # best-effort depth-1 delivery may itself discard frames the executor had not taken yet (on a
+    # loaded 2-core CI machine only 12 of the 50 reached the node), so the exact drop count is
+    # asserted in the deterministic worker test (test_ros_camera_sync); here every frame the node
+    # did receive is either planned or reported dropped, and some were dropped
+    assert counts["frames_dropped"] == delivered - planned >= 1, (counts, planned)
     assert [c["mean"] for c in policy.plan_calls][-1] == 49.0
     name = node.get_fully_qualified_name()
     probe.wait_for(lambda: any(dict((kv.key, kv.value) for kv in s.values).get("frames_dropped")
