@@ -128,3 +128,21 @@ def test_save_model_with_an_explicit_state_dict_writes_those_weights(nano, tmp_p
     loaded = load_model(path)
     assert torch.equal(loaded.model.model.language_model.norm.weight, state["model.language_model.norm.weight"])
     assert not (tmp_path / ".explicit.old").exists()
+
+
+def test_decoding_defaults_follow_the_trained_block_size_and_drive_the_policy(tmp_path):
+    from wam_diff_core.model.checkpoint import build_preset, load_model, save_model
+    from wam_diff_core.policy import DrivingPolicy, PolicyConfig
+
+    loaded = build_preset("nano")
+    ar = loaded.settings.for_block_size(1)
+    assert (ar.trained_block_size, ar.decoding.block_size, ar.decoding.steps) == (1, 1, 1)
+    b16 = loaded.settings.for_block_size(16)
+    assert (b16.trained_block_size, b16.decoding.block_size) == (16, 16)
+    assert b16.decoding.steps == loaded.settings.decoding.steps and b16.decoding.threshold == loaded.settings.decoding.threshold
+    save_model(type(loaded)(loaded.model, loaded.processor, ar, loaded.name), tmp_path / "ar")
+    policy = DrivingPolicy(load_model(tmp_path / "ar"))
+    assert (policy.config.block_size, policy.config.steps) == (1, 1)
+    assert PolicyConfig.from_settings(b16, steps=2) == PolicyConfig(block_size=16, steps=2,
+                                                                    strategy=b16.decoding.strategy,
+                                                                    threshold=b16.decoding.threshold)

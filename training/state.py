@@ -7,7 +7,6 @@ temporary sibling first and renamed into place, so a crash mid-write leaves the 
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,9 +37,10 @@ def set_rng_state(state: dict) -> None:
 
 def save_model_as(loaded: LoadedModel, model: torch.nn.Module, block_size: int, path: Path,
                   state_dict: Optional[dict] = None) -> Path:
-    """Save `model` (the unwrapped module being trained) with loaded's processor, trained_block_size = B.
+    """Save `model` (the unwrapped module being trained) with loaded's processor, trained_block_size = B
+    and decoding defaults at B (so a policy loading it decodes as it was trained).
     `state_dict`: full weights gathered from a sharded model (FSDP2), written in place of the module's own."""
-    settings = replace(loaded.settings, trained_block_size=int(block_size))
+    settings = loaded.settings.for_block_size(block_size)
     return save_model(LoadedModel(model, loaded.processor, settings, loaded.name), path, state_dict=state_dict)
 
 

@@ -44,6 +44,13 @@ class PolicyConfig:
     temperature: float = 0.0
     tasks: tuple[str, ...] = ("planning",)
 
+    @classmethod
+    def from_settings(cls, settings, **overrides) -> "PolicyConfig":
+        """The checkpoint's own decoding defaults (its `wam_diff.json`), then `overrides`."""
+        d = settings.decoding
+        fields = dict(block_size=d.block_size, steps=d.steps, strategy=d.strategy, threshold=d.threshold)
+        return cls(**{**fields, **overrides})
+
     def __post_init__(self):
         bad = [t for t in self.tasks if t not in POLICY_TASKS]
         if bad or not self.tasks:
@@ -69,7 +76,7 @@ class DrivingPolicy:
     def __init__(self, loaded: LoadedModel, config: PolicyConfig | None = None):
         if loaded.processor is None:
             raise ValueError(f"model {loaded.name!r} has no tokenizer/processor; a policy needs a full checkpoint")
-        self.config = config or PolicyConfig()
+        self.config = config or PolicyConfig.from_settings(loaded.settings)
         self.loaded = loaded
         device = next(loaded.model.parameters()).device
         if self.config.cuda_graphs and device.type != "cuda":

@@ -102,8 +102,8 @@ def check_checkpoint(path: str | Path) -> Path:
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> LoadedModel:
     """Load a local Qwen3-VL checkpoint (HF directory, safetensors) with its processor and diffusion settings.
 
-    A checkpoint without `wam_diff.json` is a stock autoregressive model: trained block size 1,
-    mask token added to its tokenizer.
+    A checkpoint without `wam_diff.json` is a stock autoregressive model: trained block size 1 (and
+    decoded at B = 1 by default), mask token added to its tokenizer.
     """
     path = check_checkpoint(path)
     try:
@@ -130,7 +130,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         settings = WamDiffSettings(
             mask_token_id=processor.mask_token_id,
             eos_token_id=processor.tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-        )
+        ).for_block_size(1)
     return LoadedModel(model, processor, settings, name=str(path))
 
 

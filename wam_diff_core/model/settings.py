@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..constants import MASK_TOKEN, WAM_DIFF_CONFIG_NAME
@@ -28,6 +28,13 @@ class WamDiffSettings:
     mask_token: str = MASK_TOKEN
     trained_block_size: int = 1
     decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
+
+    def for_block_size(self, block_size: int) -> "WamDiffSettings":
+        """These settings for weights trained at `block_size`: the decoding defaults follow it (B = 1
+        decodes one token per forward; a larger B keeps the stored steps, strategy and threshold)."""
+        b = int(block_size)
+        steps = 1 if b == 1 else self.decoding.steps
+        return replace(self, trained_block_size=b, decoding=replace(self.decoding, block_size=b, steps=steps))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
