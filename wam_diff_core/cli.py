@@ -16,7 +16,7 @@ COMMANDS = {
     "data": ("wam_diff_core.sim.datagen", "generate planning/detection/QA datasets from the embedded world"),
     "drive": ("wam_diff_core.sim.closed_loop", "closed-loop driving on the embedded route suite"),
     "score": ("wam_diff_core.eval.score_cli", "re-score saved per-route closed-loop results"),
-    "report": ("wam_diff_core.report", "evaluate models and write a markdown table and plots"),
+    "report": ("training.report", "evaluate models and write a markdown table and plots"),
 }
 
 

@@ -179,13 +179,15 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
 _POLICY = None
 
 
-def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video: bool, frame_size, replan_every: int) -> dict:
+def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video: bool, frame_size, replan_every: int,
+            overrides: Optional[dict] = None) -> dict:
     global _POLICY
     from .policies import load_policy
 
-    if _POLICY is None or getattr(_POLICY, "_spec", None) != policy_spec:
-        _POLICY = load_policy(policy_spec, device=device)
-        _POLICY._spec = policy_spec
+    key = (policy_spec, json.dumps(overrides, sort_keys=True))
+    if _POLICY is None or getattr(_POLICY, "_spec", None) != key:
+        _POLICY = load_policy(policy_spec, device=device, overrides=overrides)
+        _POLICY._spec = key
         _POLICY.name = policy_spec
     route = Route(**route_dict)
     rec = run_route(route, _POLICY, out_dir=Path(out_dir), video=video, frame_size=frame_size, replan_every=replan_every)
@@ -197,8 +199,9 @@ def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video
 
 def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: int = 1, video_ids=(),
                 frame_size=(384, 192), replan_every: int = 1, device: str = "cpu", resume: bool = False,
-                progress: bool = True) -> dict:
-    """Run routes (in `workers` processes), write per-route JSON and summary.json; return the summary."""
+                progress: bool = True, overrides: Optional[dict] = None) -> dict:
+    """Run routes (in `workers` processes), write per-route JSON and summary.json; return the summary.
+    `overrides`: PolicyConfig fields for a learned policy (block_size, steps, ...)."""
     out_dir = Path(out_dir)
     (out_dir / "routes").mkdir(parents=True, exist_ok=True)
     records, todo = [], []
@@ -214,8 +217,8 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
         from tqdm import tqdm
 
         bar = tqdm(total=len(todo), desc=f"drive {policy_spec}", unit="route")
-    args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every)
-            for r in todo]
+    args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every,
+             overrides) for r in todo]
     if workers <= 1:
         for a in args:
             records.append(_worker(*a))
@@ -236,6 +239,7 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
     summary = bench2drive.summarize(records, expected_route_ids=[r.route_id for r in routes])
     summary.update({
         "policy": policy_spec,
+        "policy_overrides": overrides or {},
         "suite": suite_version(),
         "wall_s": round(time.perf_counter() - t0, 2),
         "workers": workers,
@@ -247,6 +251,18 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 
 
 # ---------------------------------------------------------------- CLI
+def policy_overrides(block_size: Optional[int], steps: Optional[int]) -> Optional[dict]:
+    """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
+    out = {}
+    if block_size is not None:
+        out["block_size"] = block_size
+        if block_size == 1:
+            out["steps"] = 1
+    if steps is not None and block_size != 1:
+        out["steps"] = steps
+    return out or None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="expert | constant-velocity | checkpoint path or preset")
     parser.add_argument("--out", required=True, help="output directory (routes/*.json, summary.json, videos/)")
@@ -259,6 +275,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frame-size", default="384x192", help="WxH of the rendered frame")
     parser.add_argument("--replan-every", type=int, default=1, help="ticks between policy calls (10 Hz ticks)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="learned policy: decode with this block size (default: the checkpoint's own)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="learned policy: denoising steps per block (default: the checkpoint's own)")
     parser.add_argument("--resume", action="store_true", help="keep routes already written in OUT/routes")
 
 
@@ -271,7 +291,8 @@ def run(args) -> int:
     w, h = (int(v) for v in args.frame_size.lower().split("x"))
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
-                          frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume)
+                          frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume,
+                          overrides=policy_overrides(args.block_size, args.steps))
     print(bench2drive.format_table(summary))
     print(f"wall {summary['wall_s']:.1f} s, invalid plans {summary['invalid_plans']}")
     for v in summary["videos"]:

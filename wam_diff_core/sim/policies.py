@@ -56,22 +56,25 @@ class LearnedPolicy:
     needs_images = True
     drives_itself = False
 
-    def __init__(self, path: str, device: str = "cpu"):
-        from ..policy import DrivingPolicy  # heavy: torch + transformers
+    def __init__(self, path: str, device: str = "cpu", overrides: Optional[dict] = None):
+        from ..model.checkpoint import load  # heavy: torch + transformers
+        from ..policy import DrivingPolicy, PolicyConfig
 
-        self.inner = DrivingPolicy.load(path, device=device)
+        loaded = load(path, device=device)
+        self.inner = DrivingPolicy(loaded, PolicyConfig.from_settings(loaded.settings, **(overrides or {})))
 
     def plan(self, images, ego: EgoState, command: str) -> Plan:
         return self.inner.plan(images, ego, command)
 
 
-def load_policy(spec: str, device: str = "cpu"):
-    """'expert', 'constant-velocity', or a checkpoint path / preset name for DrivingPolicy."""
+def load_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = None):
+    """'expert', 'constant-velocity', or a checkpoint path / preset name for DrivingPolicy (decoding
+    as its `wam_diff.json` says, with `overrides` of PolicyConfig fields on top)."""
     if spec == "expert":
         return ExpertPolicy()
     if spec == "constant-velocity":
         return ConstantVelocityPolicy()
-    return LearnedPolicy(spec, device=device)
+    return LearnedPolicy(spec, device=device, overrides=overrides)
 
 
 def safe_plan(policy, images, ego: EgoState, command: str) -> Plan:

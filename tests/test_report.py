@@ -1,0 +1,145 @@
+"""`wam-diff report` on the nano model and a tiny three-task dataset written here."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from training.report import Report
+from training.report.open_loop import spaced_indices
+from training.report.spec import SpecError, load_spec, parse_spec
+from training.report.table import COLUMNS
+from wam_diff_core.cli import main as wam_diff_main
+from wam_diff_core.model.checkpoint import save_model
+
+TRAJ = "1.00,0.00,2.00,0.00,3.00,0.00,4.00,0.00,5.00,0.00,6.00,0.00,7.00,0.00,8.00,0.00"
+
+
+def _dataset(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (32, 64, 3), dtype=np.uint8)).save(root / f"f{i}.png")
+        samples += [
+            {"id": f"p{i}", "datasource": "toy", "task": "planning", "image": [f"f{i}.png"],
+             "conversations": [{"from": "human", "value": "<image>\nPlan the next 4 s."}, {"from": "gpt", "value": TRAJ}]},
+            {"id": f"d{i}", "datasource": "toy", "task": "detection", "image": [f"f{i}.png"],
+             "conversations": [{"from": "human", "value": "<image>\nDetect every vehicle."},
+                               {"from": "gpt", "value": '[{"bbox_2d":[10,20,30,40],"label":"car"}]'}]},
+            {"id": f"q{i}", "datasource": "toy", "task": "qa", "image": [f"f{i}.png"],
+             "conversations": [{"from": "human", "value": "<image>\nHow many cars?"}, {"from": "gpt", "value": str(i)}]},
+        ]
+    path = root / "val.json"
+    path.write_text(json.dumps(samples))
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(nano, tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    ckpt = root / "nano"
+    save_model(nano, ckpt)
+    val = _dataset(root / "data")
+    spec = {
+        "data": {"planning": str(val), "detection": str(val), "qa": str(val)},
+        "samples": {"planning": 4, "detection": 2, "qa": 3},
+        "max_new_tokens": {"planning": 12, "detection": 8, "qa": 8},
+        "decoding": {"steps": 2, "strategy": "low_confidence_dynamic", "threshold": 0.9},
+        "closed_loop": {"ids": ["highway_00"], "frame_size": "128x64", "replan_every": 5},
+        "models": [
+            {"name": "AR", "path": str(ckpt), "block_size": 1, "closed_loop": False},
+            {"name": "teacher B4", "path": str(ckpt), "block_size": 4, "closed_loop": False},
+            {"name": "student B4", "path": str(ckpt), "block_size": 4, "teacher": "teacher B4", "closed_loop": False},
+            {"name": "student B4 vs AR", "path": str(ckpt), "block_size": 4, "teacher": "AR", "closed_loop": False},
+        ],
+        "sweeps": {"steps": {"model": "teacher B4", "values": [1, 4]},
+                   "block_size": {"model": "teacher B4", "values": [1, 2, 4]}},
+        "baselines": ["constant-velocity"],
+    }
+    spec_path = root / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    return root, spec_path, spec
+
+
+def test_spaced_indices_cover_the_whole_split():
+    assert spaced_indices(100, 5) == [0, 25, 50, 74, 99]
+    assert spaced_indices(3, 10) == [0, 1, 2]
+
+
+def test_report_writes_table_json_plots_and_agreement_numbers(setup):
+    root, spec_path, _ = setup
+    out = root / "out"
+    assert wam_diff_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    by_name = {m["name"]: m for m in report["models"]}
+    ar, b4 = by_name["AR"], by_name["teacher B4"]
+    assert (ar["block_size"], ar["open_loop"]["planning"]["steps"]) == (1, 1)
+    assert (b4["block_size"], b4["open_loop"]["planning"]["steps"]) == (4, 2)
+    for task, n in (("planning", 4), ("detection", 2), ("qa", 3)):
+        res = ar["open_loop"][task]
+        assert res["samples"] == n and res["tokens"] > 0 and res["tokens_per_s"] > 0
+        lines = Path(res["predictions"]).read_text().splitlines()
+        assert len(lines) == n
+    # B = 1: exactly one forward per produced token (EOS included)
+    assert ar["open_loop"]["planning"]["forwards_per_token"] == pytest.approx(1.0)
+    assert b4["open_loop"]["planning"]["forwards_per_token"] < 1.0
+    # the same weights at the same block size agree with themselves exactly; with the AR reading they do not
+    same = by_name["student B4"]["agreement"]
+    assert same["top5"] == pytest.approx(1.0) and same["jsd"] == pytest.approx(0.0, abs=1e-6)
+    vs_ar = by_name["student B4 vs AR"]["agreement"]
+    assert vs_ar["teacher_block_size"] == 1 and vs_ar["top5"] < 1.0 and vs_ar["jsd"] > 1e-4
+    assert same["masked_tokens"] == vs_ar["masked_tokens"] > 0  # same seeded corruption for both students
+    # closed loop: the baseline drove its one route
+    cv = report["baselines"]["constant-velocity"]
+    assert cv["num_routes"] == 1 and 0.0 <= cv["driving_score"] <= 100.0
+    # sweeps and plots
+    assert [p["steps"] for p in report["sweeps"]["steps"]["points"]] == [1, 4]
+    bs = report["sweeps"]["block_size"]["points"]
+    assert [p["block_size"] for p in bs] == [1, 2, 4] and bs[0]["forwards_per_token"] == pytest.approx(1.0)
+    for rel in report["plots"].values():
+        assert (out / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "report.md").read_text()
+    assert "| " + " | ".join(COLUMNS) + " |" in md
+    assert md.count("\n| AR | 1 | 1 |") == 1 and "| constant-velocity |" in md
+
+
+def test_resume_reuses_cached_model_results(setup):
+    root, _, spec = setup
+    small = {**spec, "models": spec["models"][:1], "sweeps": {}, "data": {"qa": spec["data"]["qa"]}}
+    spec_path = root / "small.yaml"
+    spec_path.write_text(yaml.safe_dump(small))
+    out = root / "out_resume"
+    assert wam_diff_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
+                          "--no-closed-loop"]) == 0
+    cached = out / "models" / "ar.json"
+    doc = json.loads(cached.read_text())
+    doc["open_loop"]["qa"]["tokens_per_s"] = 12345.0  # marker: resume must not recompute
+    cached.write_text(json.dumps(doc))
+    assert wam_diff_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
+                          "--no-closed-loop", "--resume"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["models"][0]["open_loop"]["qa"]["tokens_per_s"] == 12345.0
+
+
+def test_bad_specs_name_the_key(setup, tmp_path):
+    _, _, spec = setup
+    cases = [
+        ({**spec, "models": []}, "models"),
+        ({**spec, "decoding": {"strategy": "random"}}, "decoding.strategy"),
+        ({**spec, "models": [{"name": "x", "path": "p", "teacher": "nobody"}]}, "teacher 'nobody'"),
+        ({**spec, "sweeps": {"steps": {"model": "AR", "values": [0]}}}, "sweeps.steps.values"),
+        ({**spec, "closed_loop": {"frame_size": "big"}}, "closed_loop.frame_size"),
+        ({**spec, "samples": {"planing": 3}}, "samples"),
+        ({**spec, "baselines": ["human"]}, "baselines"),
+    ]
+    for raw, fragment in cases:
+        with pytest.raises(SpecError, match=fragment):
+            parse_spec(raw)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models: [")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(broken)
+    assert wam_diff_main(["report", "--spec", str(broken), "--out", str(tmp_path / "o")]) == 2

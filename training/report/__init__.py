@@ -1,0 +1,222 @@
+"""`wam-diff report`: evaluate trained models and write a markdown table, plots and JSON.
+
+    wam-diff report --spec training/configs/report_nano.yaml --out runs/report [--resume] [--no-closed-loop]
+
+Per model (spec: training/report/spec.py): planning L2 per horizon and PDMS, detection mAP and QA
+accuracy on evenly spaced validation samples, tokens/s on this machine at batch 1 with the spec's
+remasking, closed-loop driving score and success rate on the route suite, and top-5 agreement with
+its teacher. Sweeps: quality against denoising steps, tokens/s against block size. Each model's
+results are cached in OUT/models/<name>.json, closed-loop routes in OUT/closed_loop/<name>/, so an
+interrupted report continues with --resume.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from wam_diff_core.model.checkpoint import LoadedModel, load
+
+from .spec import ModelEntry, ReportSpec, SpecError, load_spec
+
+PLOTS = {"l2_vs_horizon": "plots/l2_vs_horizon.png", "steps_sweep": "plots/quality_vs_steps.png",
+         "block_sweep": "plots/tokens_per_s_vs_block_size.png"}
+
+
+def machine() -> str:
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def block_size_of(entry: ModelEntry, loaded: LoadedModel) -> int:
+    return int(entry.block_size or loaded.settings.trained_block_size)
+
+
+def _planning_point(res: dict) -> dict:
+    scores = res.get("scores") or {}
+    parsed = scores.get("samples", 0) if "l2_mean" in scores else 0
+    return {"block_size": res["block_size"], "steps": res["steps"], "l2_mean": scores.get("l2_mean"),
+            "invalid_share": 1.0 - parsed / max(1, res["samples"]), "tokens_per_s": res["tokens_per_s"],
+            "forwards_per_token": res["forwards_per_token"]}
+
+
+class Report:
+    def __init__(self, spec: ReportSpec, spec_path: str, out: Path, resume: bool, closed_loop: bool,
+                 progress: bool = True):
+        self.spec, self.spec_path, self.out = spec, spec_path, out
+        self.resume, self.closed_loop, self.progress = resume, closed_loop, progress
+        self._examples: dict = {}
+        self._loaded: dict[str, LoadedModel] = {}
+
+    # ------------------------------------------------------------ helpers
+    def loaded(self, entry: ModelEntry) -> LoadedModel:
+        if entry.name not in self._loaded:
+            self._loaded[entry.name] = load(entry.path)
+        return self._loaded[entry.name]
+
+    def examples(self, task: str, loaded: LoadedModel):
+        """The same samples for every model (encoded once; models of a report share the processor)."""
+        from .open_loop import load_split
+
+        if task not in self._examples:
+            self._examples[task] = load_split(self.spec.data[task], loaded, task, self.spec.samples[task])
+        return self._examples[task]
+
+    def _cached(self, path: Path):
+        if self.resume and path.is_file():
+            return json.loads(path.read_text())
+        return None
+
+    # ------------------------------------------------------------ per model
+    def evaluate_model(self, entry: ModelEntry) -> dict:
+        from .open_loop import evaluate_task
+
+        path = self.out / "models" / f"{entry.slug}.json"
+        cached = self._cached(path)
+        if cached is None:
+            loaded = self.loaded(entry)
+            B = block_size_of(entry, loaded)
+            d = self.spec.decoding
+            result = {"name": entry.name, "path": entry.path, "block_size": B,
+                      "trained_block_size": loaded.settings.trained_block_size,
+                      "parameters": sum(p.numel() for p in loaded.model.parameters()), "open_loop": {}}
+            for task, split in self.spec.data.items():
+                result["open_loop"][task] = evaluate_task(
+                    loaded, split, task, self.spec.samples[task], B, d.steps, d.strategy, d.threshold, self.out,
+                    entry.slug, self.progress, examples=self.examples(task, loaded),
+                    max_new_tokens=self.spec.max_new_tokens[task])
+            if entry.teacher:
+                result["agreement"] = self.agreement(entry, loaded, B)
+            self._write(path, result)
+            cached = result
+        if self.closed_loop and entry.closed_loop and "closed_loop" not in cached:
+            cached["closed_loop"] = self.drive(entry.path, entry.slug, cached["block_size"])
+            self._write(path, cached)
+        return cached
+
+    def agreement(self, entry: ModelEntry, loaded: LoadedModel, block_size: int) -> dict:
+        from .agreement import top5_agreement
+
+        t_entry = self.spec.model(entry.teacher)
+        teacher = self.loaded(t_entry)
+        task = "planning" if "planning" in self.spec.data else next(iter(self.spec.data))
+        res = top5_agreement(loaded, block_size, teacher, block_size_of(t_entry, teacher), self.examples(task, loaded))
+        return {"teacher": t_entry.name, **res}
+
+    def drive(self, policy: str, slug: str, block_size: int | None) -> dict:
+        from wam_diff_core.sim.closed_loop import drive_suite, policy_overrides
+        from wam_diff_core.sim.routes import load_routes
+
+        cl = self.spec.closed_loop
+        routes = load_routes(cl.routes, ids=list(cl.ids) or None, limit=cl.limit)
+        overrides = None
+        if block_size is not None:
+            overrides = policy_overrides(block_size, None if block_size == 1 else self.spec.decoding.steps)
+            overrides.update(strategy=self.spec.decoding.strategy, threshold=self.spec.decoding.threshold)
+        summary = drive_suite(routes, policy, self.out / "closed_loop" / slug, workers=cl.workers,
+                              frame_size=cl.frame_size, replan_every=cl.replan_every, resume=self.resume,
+                              progress=self.progress, overrides=overrides)
+        keep = ("driving_score", "success_rate", "abilities", "efficiency", "comfort", "num_routes", "wall_s",
+                "invalid_plans", "policy_overrides")
+        return {k: summary.get(k) for k in keep}
+
+    # ------------------------------------------------------------ sweeps
+    def sweep(self, kind: str) -> dict:
+        from .open_loop import evaluate_task
+
+        sw = self.spec.sweeps[kind]
+        path = self.out / "sweeps" / f"{kind}.json"
+        cached = self._cached(path)
+        if cached is not None:
+            return cached
+        entry = self.spec.model(sw.model)
+        loaded = self.loaded(entry)
+        d = self.spec.decoding
+        points = []
+        for v in sw.values:
+            B, K = (block_size_of(entry, loaded), v) if kind == "steps" else (v, d.steps)
+            res = evaluate_task(loaded, self.spec.data["planning"], "planning", self.spec.samples["planning"], B, K,
+                                d.strategy, d.threshold, self.out, f"{entry.slug}_{kind}_{v}", self.progress,
+                                examples=self.examples("planning", loaded),
+                                max_new_tokens=self.spec.max_new_tokens["planning"])
+            points.append(_planning_point(res))
+        result = {"model": entry.name, "points": points}
+        self._write(path, result)
+        return result
+
+    def _write(self, path: Path, obj: dict) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(obj, indent=2))
+
+    # ------------------------------------------------------------ all
+    def run(self) -> dict:
+        from . import plots
+        from .table import render
+
+        if self.spec.sweeps and "planning" not in self.spec.data:
+            raise SpecError("sweeps need data.planning")
+        t0 = time.perf_counter()
+        models = [self.evaluate_model(m) for m in self.spec.models]
+        baselines = {}
+        if self.closed_loop:
+            for name in self.spec.baselines:
+                path = self.out / "models" / f"baseline_{name}.json"
+                cl = self._cached(path)
+                if cl is None:
+                    cl = self.drive(name, f"baseline_{name}", None)
+                    self._write(path, cl)
+                baselines[name] = cl
+        sweeps = {kind: self.sweep(kind) for kind in self.spec.sweeps}
+        made = {}
+        rows = [{"name": m["name"], "block_size": m["block_size"],
+                 "l2": (m["open_loop"].get("planning") or {}).get("scores")} for m in models]
+        rows = [r for r in rows if r["l2"] and "l2_mean" in r["l2"]]
+        if plots.plot_l2_vs_horizon(rows, self.out / PLOTS["l2_vs_horizon"]):
+            made["L2 against horizon"] = PLOTS["l2_vs_horizon"]
+        if "steps" in sweeps and plots.plot_steps_sweep(sweeps["steps"]["model"], sweeps["steps"]["points"],
+                                                        self.out / PLOTS["steps_sweep"]):
+            made["quality against denoising steps"] = PLOTS["steps_sweep"]
+        if "block_size" in sweeps and plots.plot_block_sweep(sweeps["block_size"]["model"],
+                                                             sweeps["block_size"]["points"], self.out / PLOTS["block_sweep"]):
+            made["tokens/s against block size"] = PLOTS["block_sweep"]
+        cl = self.spec.closed_loop
+        report = {
+            "spec": self.spec_path, "machine": machine(), "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "decoding": asdict(self.spec.decoding),
+            "closed_loop_routes": (f"{len(cl.ids)} routes" if cl.ids else (f"the first {cl.limit} routes of the suite"
+                                   if cl.limit else "the whole route suite")) +
+                                  f", {cl.frame_size[0]}x{cl.frame_size[1]} frames, a plan every {cl.replan_every} ticks",
+            "models": models, "baselines": baselines, "sweeps": sweeps, "plots": made,
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
+        self._write(self.out / "report.json", report)
+        (self.out / "report.md").write_text(render(report))
+        return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", required=True, help="report spec YAML (training/configs/report_*.yaml)")
+    parser.add_argument("--out", required=True, help="output directory: report.md, report.json, plots/, predictions/")
+    parser.add_argument("--resume", action="store_true", help="reuse results already written under --out")
+    parser.add_argument("--no-closed-loop", action="store_true", help="open loop and sweeps only")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        print(f"wam-diff report: {exc}")
+        return 2
+    out = Path(args.out)
+    report = Report(spec, args.spec, out, args.resume, not args.no_closed_loop, not args.no_progress).run()
+    print((out / "report.md").read_text())
+    print(f"written: {out / 'report.md'}, {out / 'report.json'}; {len(report['plots'])} plots under {out / 'plots'}")
+    return 0

@@ -1,0 +1,112 @@
+"""Open-loop evaluation of one model: decode evenly spaced validation samples one at a time (the
+planner's batch of one), keep the texts and the decode clock, score them with the project's metrics.
+
+Predictions are written as `{"id", "text"}` JSONL, the form `wam-diff score --predictions` reads, so
+every number in the report can be recomputed from files.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from wam_diff_core.decoding.block_diffusion import generate
+from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.eval.score_cli import score_open_loop
+from wam_diff_core.model.checkpoint import LoadedModel
+from wam_diff_core.model.runner import ModelRunner
+from wam_diff_core.policy import TASK_BUDGET
+
+from ..data import DrivingDataset, Example
+from ..evaluate import prompt_batch
+
+
+def spaced_indices(n: int, k: int) -> list[int]:
+    """k indices spread evenly over range(n) (all of them when k >= n): a split is ordered by route,
+    so its first k samples would all come from one route."""
+    if k >= n:
+        return list(range(n))
+    return sorted({int(i) for i in np.linspace(0, n - 1, k).round()})
+
+
+def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int) -> DecoderConfig:
+    """B = 1 decodes one token per forward; otherwise at most `steps` denoising steps per block."""
+    k = 1 if block_size == 1 else min(steps, block_size)
+    return DecoderConfig(block_size=block_size, steps=k, strategy=strategy, threshold=threshold,
+                         max_new_tokens=max_new_tokens)
+
+
+@dataclass
+class Decoded:
+    predictions: list[dict]  # {"id", "text", "finished"}
+    tokens: int  # answer tokens produced, EOS included
+    forwards: int
+    seconds: float  # wall time of the decoder calls (vision + prefill + denoising)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(1e-9, self.seconds)
+
+    @property
+    def forwards_per_token(self) -> float:
+        return self.forwards / max(1, self.tokens)
+
+
+def load_split(path: str | Path, loaded: LoadedModel, task: str, limit: int) -> list[Example]:
+    """`limit` evenly spaced usable samples of `task` in a split file (skips counted by the dataset)."""
+    ds = DrivingDataset(path, loaded.processor, 1 << 16, 1 << 16, "skip", tasks=[task])
+    if len(ds) == 0:
+        raise ValueError(f"{path}: no usable {task!r} samples (skipped: {ds.stats.skipped})")
+    out = []
+    for i in spaced_indices(len(ds), limit):
+        x = ds[i]
+        if isinstance(x, Example):
+            out.append(x)
+    return out
+
+
+def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: DecoderConfig, desc: str = "",
+                    progress: bool = True) -> Decoded:
+    """Decode each example alone (batch 1) with the block decoder; time only the decoder calls."""
+    runner = ModelRunner(loaded.model, cfg.backend)
+    settings, processor = loaded.settings, loaded.processor
+    pad_id = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else settings.eos_token_id
+    preds, tokens, forwards, seconds = [], 0, 0, 0.0
+    for x in tqdm(examples, desc=desc, unit="sample", disable=not progress, leave=False):
+        batch = prompt_batch([x], pad_id).to(runner.device)
+        t0 = time.perf_counter()
+        res = generate(runner, batch, cfg, settings.mask_token_id, settings.eos_token_id)
+        seconds += time.perf_counter() - t0
+        tokens += res.tokens
+        forwards += res.forwards
+        preds.append({"id": x.sample_id, "text": processor.decode(res.token_ids[0]), "finished": res.finished[0]})
+    return Decoded(preds, tokens, forwards, seconds)
+
+
+def write_predictions(path: Path, decoded: Decoded) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"id": p["id"], "text": p["text"]}) + "\n" for p in decoded.predictions))
+
+
+def evaluate_task(loaded: LoadedModel, split: str, task: str, limit: int, block_size: int, steps: int,
+                  strategy: str, threshold: float, out_dir: Path, tag: str, progress: bool = True,
+                  examples: Optional[list[Example]] = None, max_new_tokens: Optional[int] = None) -> dict:
+    """Decode + score one task of one split; writes OUT/predictions/<tag>_<task>.jsonl."""
+    examples = examples if examples is not None else load_split(split, loaded, task, limit)
+    cfg = decoder_config(block_size, steps, strategy, threshold, max_new_tokens or TASK_BUDGET[task])
+    decoded = decode_examples(loaded, examples, cfg, desc=f"{tag} {task}", progress=progress)
+    pred_path = out_dir / "predictions" / f"{tag}_{task}.jsonl"
+    write_predictions(pred_path, decoded)
+    scores = score_open_loop(Path(split), pred_path)
+    return {
+        "task": task, "samples": len(examples), "block_size": cfg.block_size, "steps": cfg.steps,
+        "strategy": cfg.strategy, "threshold": cfg.threshold,
+        "unfinished": sum(not p["finished"] for p in decoded.predictions),
+        "tokens": decoded.tokens, "seconds": decoded.seconds, "tokens_per_s": decoded.tokens_per_s,
+        "forwards_per_token": decoded.forwards_per_token, "scores": scores.get(task), "predictions": str(pred_path),
+    }

@@ -1,0 +1,199 @@
+"""The report's YAML spec: which models, which validation data, which decoding, which sweeps.
+
+    data:        {planning: VAL.json, detection: VAL.json, qa: VAL.json}   (any subset)
+    samples:     {planning: 64, detection: 32, qa: 64}   evenly spaced over each split
+    max_new_tokens: {planning: 128, detection: 192, qa: 64}   token budget per answer (the policy's)
+    decoding:    {steps: 8, strategy: low_confidence_dynamic, threshold: 0.9}   (B = 1 models: 1 step)
+    closed_loop: {routes: null, ids: [], limit: null, frame_size: 256x128, replan_every: 5, workers: 1}
+    models:
+      - {name: nano-S AR, path: runs/.../model}                    block size: the checkpoint's own
+      - {name: nano-S B32, path: ..., block_size: 32, teacher: nano-L B32, closed_loop: true}
+    sweeps:
+      steps:       {model: nano-S B32, values: [2, 4, 8, 16, 32]}   quality against denoising steps
+      block_size:  {model: nano-S B32, values: [1, 4, 8, 16, 32]}   tokens/s against block size
+    baselines: [expert, constant-velocity]                       closed-loop rows without a model
+
+Paths are relative to the working directory. Every error names the key and what was expected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from wam_diff_core.constants import TASKS
+from wam_diff_core.model.settings import STRATEGIES
+from wam_diff_core.policy import TASK_BUDGET
+
+DEFAULT_SAMPLES = {"planning": 64, "detection": 32, "qa": 64}
+BASELINES = ("expert", "constant-velocity")
+
+
+class SpecError(ValueError):
+    """The report spec is unusable; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    path: str
+    block_size: Optional[int] = None  # None: the checkpoint's trained block size
+    teacher: Optional[str] = None  # name of another entry: top-5 agreement with it
+    closed_loop: bool = True
+
+    @property
+    def slug(self) -> str:
+        return "".join(c if c.isalnum() else "_" for c in self.name).strip("_").lower()
+
+
+@dataclass(frozen=True)
+class Decoding:
+    steps: int = 8
+    strategy: str = "low_confidence_dynamic"
+    threshold: float = 0.9
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    routes: Optional[str] = None  # None: the bundled suite
+    ids: tuple[str, ...] = ()
+    limit: Optional[int] = None
+    frame_size: tuple[int, int] = (256, 128)
+    replan_every: int = 5
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class Sweep:
+    model: str
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    data: dict[str, str]
+    models: tuple[ModelEntry, ...]
+    samples: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_SAMPLES))
+    max_new_tokens: dict[str, int] = field(default_factory=lambda: dict(TASK_BUDGET))
+    decoding: Decoding = Decoding()
+    closed_loop: ClosedLoop = ClosedLoop()
+    sweeps: dict[str, Sweep] = field(default_factory=dict)
+    baselines: tuple[str, ...] = ()
+
+    def model(self, name: str) -> ModelEntry:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise SpecError(f"no model named {name!r}; the spec has {[m.name for m in self.models]}")
+
+
+def _positive_int(value, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(f"{key}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def _mapping(raw, key: str) -> dict:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SpecError(f"{key}: expected a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def _only(raw: dict, allowed, key: str) -> None:
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise SpecError(f"{key}: unknown keys {unknown}; expected some of {sorted(allowed)}")
+
+
+def _frame_size(value, key: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in str(value).lower().split("x"))
+    except ValueError:
+        raise SpecError(f"{key}: expected WxH such as 256x128, got {value!r}") from None
+    return _positive_int(w, key), _positive_int(h, key)
+
+
+def parse_spec(raw) -> ReportSpec:
+    raw = _mapping(raw, "spec")
+    _only(raw, ("data", "samples", "max_new_tokens", "decoding", "closed_loop", "models", "sweeps", "baselines"), "spec")
+    data = _mapping(raw.get("data"), "data")
+    _only(data, TASKS, "data")
+    if not data:
+        raise SpecError(f"data: give at least one validation split, keys from {list(TASKS)}")
+    samples = dict(DEFAULT_SAMPLES)
+    for task, n in _mapping(raw.get("samples"), "samples").items():
+        _only({task: n}, TASKS, "samples")
+        samples[task] = _positive_int(n, f"samples.{task}")
+    budget = dict(TASK_BUDGET)
+    for task, n in _mapping(raw.get("max_new_tokens"), "max_new_tokens").items():
+        _only({task: n}, TASKS, "max_new_tokens")
+        budget[task] = _positive_int(n, f"max_new_tokens.{task}")
+    dec = _mapping(raw.get("decoding"), "decoding")
+    _only(dec, ("steps", "strategy", "threshold"), "decoding")
+    decoding = Decoding(**dec)
+    _positive_int(decoding.steps, "decoding.steps")
+    if decoding.strategy not in STRATEGIES:
+        raise SpecError(f"decoding.strategy: expected one of {STRATEGIES}, got {decoding.strategy!r}")
+    if not 0.0 < float(decoding.threshold) <= 1.0:
+        raise SpecError(f"decoding.threshold: expected a value in (0, 1], got {decoding.threshold!r}")
+    cl = _mapping(raw.get("closed_loop"), "closed_loop")
+    _only(cl, ("routes", "ids", "limit", "frame_size", "replan_every", "workers"), "closed_loop")
+    closed = ClosedLoop(
+        routes=cl.get("routes"), ids=tuple(cl.get("ids") or ()),
+        limit=None if cl.get("limit") is None else _positive_int(cl["limit"], "closed_loop.limit"),
+        frame_size=_frame_size(cl.get("frame_size", "256x128"), "closed_loop.frame_size"),
+        replan_every=_positive_int(cl.get("replan_every", 5), "closed_loop.replan_every"),
+        workers=_positive_int(cl.get("workers", 1), "closed_loop.workers"))
+    entries = raw.get("models")
+    if not isinstance(entries, list) or not entries:
+        raise SpecError("models: expected a non-empty list of {name, path, ...}")
+    models = []
+    for i, m in enumerate(entries):
+        m = _mapping(m, f"models[{i}]")
+        _only(m, ("name", "path", "block_size", "teacher", "closed_loop"), f"models[{i}]")
+        if not m.get("name") or not m.get("path"):
+            raise SpecError(f"models[{i}]: needs a name and a path, got {m!r}")
+        if m.get("block_size") is not None:
+            _positive_int(m["block_size"], f"models[{i}].block_size")
+        models.append(ModelEntry(name=str(m["name"]), path=str(m["path"]), block_size=m.get("block_size"),
+                                 teacher=m.get("teacher"), closed_loop=bool(m.get("closed_loop", True))))
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise SpecError(f"models: names must be unique, got {names}")
+    for m in models:
+        if m.teacher is not None and m.teacher not in names:
+            raise SpecError(f"models: {m.name!r} names teacher {m.teacher!r}, which is not in {names}")
+    sweeps = {}
+    for kind, sw in _mapping(raw.get("sweeps"), "sweeps").items():
+        _only({kind: sw}, ("steps", "block_size"), "sweeps")
+        sw = _mapping(sw, f"sweeps.{kind}")
+        if sw.get("model") not in names:
+            raise SpecError(f"sweeps.{kind}.model: expected one of {names}, got {sw.get('model')!r}")
+        values = sw.get("values")
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"sweeps.{kind}.values: expected a non-empty list of integers, got {values!r}")
+        sweeps[kind] = Sweep(sw["model"], tuple(_positive_int(v, f"sweeps.{kind}.values") for v in values))
+    baselines = tuple(raw.get("baselines") or ())
+    bad = [b for b in baselines if b not in BASELINES]
+    if bad:
+        raise SpecError(f"baselines: {bad} not in {BASELINES}")
+    return ReportSpec(data=dict(data), models=tuple(models), samples=samples, max_new_tokens=budget, decoding=decoding,
+                      closed_loop=closed, sweeps=sweeps, baselines=baselines)
+
+
+def load_spec(path: str | Path) -> ReportSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SpecError(f"cannot read report spec {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc})") from exc
+    try:
+        return parse_spec(raw)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from exc

@@ -1,0 +1,80 @@
+"""The report's markdown: one row per model (and per closed-loop baseline), then the sweeps."""
+from __future__ import annotations
+
+from typing import Optional
+
+COLUMNS = ("model", "B", "K", "L2 1s", "L2 2s", "L2 3s", "L2 4s", "L2 mean", "unparsable", "PDMS",
+           "DS", "SR %", "mAP", "QA acc %", "tokens/s", "x AR", "fwd/token", "top-5 vs teacher")
+
+
+def _f(value: Optional[float], digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def model_row(r: dict, ar_tokens_per_s: Optional[float]) -> list[str]:
+    plan = r.get("open_loop", {}).get("planning") or {}
+    scores = plan.get("scores") or {}
+    l2 = scores if "l2_mean" in scores else {}
+    pdm = (scores.get("pdm") or {}).get("pdms") if scores else None
+    det = ((r.get("open_loop", {}).get("detection") or {}).get("scores") or {}).get("map")
+    qa = ((r.get("open_loop", {}).get("qa") or {}).get("scores") or {}).get("accuracy")
+    cl = r.get("closed_loop") or {}
+    tps = plan.get("tokens_per_s")
+    agree = (r.get("agreement") or {}).get("top5")
+    invalid = None
+    if plan:
+        invalid = f"{plan['samples'] - l2.get('samples', 0)}/{plan['samples']}"
+    ratio = None if (tps is None or not ar_tokens_per_s) else tps / ar_tokens_per_s
+    return [r["name"], str(r.get("block_size", "-")), str(plan.get("steps", "-")),
+            _f(l2.get("l2_1.0s")), _f(l2.get("l2_2.0s")), _f(l2.get("l2_3.0s")), _f(l2.get("l2_4.0s")),
+            _f(l2.get("l2_mean")), invalid or "-", _f(pdm if pdm is None else 100.0 * pdm, 1),
+            _f(cl.get("driving_score"), 1), _f(cl.get("success_rate"), 1),
+            _f(det if det is None else 100.0 * det, 1), _f(qa, 1), _f(tps, 0), _f(ratio, 2),
+            _f(plan.get("forwards_per_token"), 3), _f(agree, 3)]
+
+
+def baseline_row(name: str, cl: dict) -> list[str]:
+    row = ["-"] * len(COLUMNS)
+    row[0] = name
+    row[COLUMNS.index("DS")] = _f(cl.get("driving_score"), 1)
+    row[COLUMNS.index("SR %")] = _f(cl.get("success_rate"), 1)
+    return row
+
+
+def markdown_table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render(report: dict) -> str:
+    """The whole markdown document of a report dict (see training.report.run_report)."""
+    models = report["models"]
+    ar = next((m for m in models if m.get("block_size") == 1
+               and (m.get("open_loop", {}).get("planning") or {}).get("tokens_per_s")), None)
+    ar_tps = ar["open_loop"]["planning"]["tokens_per_s"] if ar else None
+    rows = [model_row(m, ar_tps) for m in models]
+    rows += [baseline_row(name, cl) for name, cl in report.get("baselines", {}).items()]
+    out = [f"# Model report\n\nSpec: `{report['spec']}`; machine: {report['machine']}; "
+           f"written {report['written']}.\n",
+           "Open loop on evenly spaced validation samples, decoded one at a time (batch 1); "
+           f"decoding: {report['decoding']['strategy']}, threshold {report['decoding']['threshold']}, "
+           "K = denoising steps per block (B = 1: one token per forward). L2 in metres over the plans "
+           "that parse; unparsable = plans that did not. PDMS and mAP in %. DS / SR: closed loop on "
+           f"{report.get('closed_loop_routes', 'the route suite')}. x AR: tokens/s over the B = 1 row "
+           f"({ar['name'] if ar else 'none'}), same run. Top-5: agreement with the model's teacher on the "
+           "same corrupted validation sequences.\n",
+           markdown_table(COLUMNS, rows)]
+    for kind, sweep in report.get("sweeps", {}).items():
+        if kind == "steps":
+            head = ("K", "L2 mean", "unparsable %", "tokens/s", "fwd/token")
+            body = [[str(p["steps"]), _f(p["l2_mean"]), _f(100.0 * p["invalid_share"], 1), _f(p["tokens_per_s"], 0),
+                     _f(p["forwards_per_token"], 3)] for p in sweep["points"]]
+        else:
+            head = ("B", "K", "L2 mean", "unparsable %", "tokens/s", "fwd/token")
+            body = [[str(p["block_size"]), str(p["steps"]), _f(p["l2_mean"]), _f(100.0 * p["invalid_share"], 1),
+                     _f(p["tokens_per_s"], 0), _f(p["forwards_per_token"], 3)] for p in sweep["points"]]
+        out.append(f"\n## Sweep over {kind.replace('_', ' ')}: {sweep['model']}\n\n" + markdown_table(head, body))
+    if report.get("plots"):
+        out.append("\n## Plots\n\n" + "\n".join(f"![{name}]({path})" for name, path in report["plots"].items()))
+    return "\n".join(out) + "\n"
