@@ -8,7 +8,7 @@ import yaml
 from PIL import Image
 
 from training.report import Report
-from training.report.open_loop import spaced_indices
+from training.data import spaced_indices
 from training.report.spec import SpecError, load_spec, parse_spec
 from training.report.table import COLUMNS
 from wam_diff_core.cli import main as wam_diff_main

@@ -30,6 +30,14 @@ from wam_diff_core.prompts import sample_to_chat
 BAD_SAMPLE_POLICIES = ("skip", "error")
 
 
+def spaced_indices(n: int, k: int) -> list[int]:
+    """k indices spread evenly over range(n) (all of them when k >= n): validation splits are ordered
+    by route, so their first k samples would all come from one route."""
+    if k >= n:
+        return list(range(n))
+    return sorted({int(i) for i in np.linspace(0, n - 1, k).round()})
+
+
 class DataError(ValueError):
     """A dataset file or sample is unusable; the message names the file or sample."""
 

@@ -32,7 +32,7 @@ from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
 
 from .collate import TrainBatch, collate
 from .config import Config, ConfigError
-from .data import DataError, DrivingDataset, Example, MixSampler, build_datasets
+from .data import DataError, DrivingDataset, Example, MixSampler, build_datasets, spaced_indices
 from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_model_state, full_optim_state, is_sharded,
                           load_full_optim_state, wrap)
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
@@ -186,13 +186,12 @@ def _load_init(init: str, seed: int, device) -> LoadedModel:
 
 
 def _examples(dataset: DrivingDataset, limit: int) -> list[Example]:
+    """`limit` usable examples spread evenly over the split (its first ones would all be one route)."""
     out = []
-    for i in range(len(dataset)):
+    for i in spaced_indices(len(dataset), limit):
         x = dataset[i]
         if isinstance(x, Example):
             out.append(x)
-        if len(out) >= limit:
-            break
     return out
 
 

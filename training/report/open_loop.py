@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-import numpy as np
 from tqdm import tqdm
 
 from wam_diff_core.decoding.block_diffusion import generate
@@ -22,16 +21,8 @@ from wam_diff_core.model.checkpoint import LoadedModel
 from wam_diff_core.model.runner import ModelRunner
 from wam_diff_core.policy import TASK_BUDGET
 
-from ..data import DrivingDataset, Example
+from ..data import DrivingDataset, Example, spaced_indices
 from ..evaluate import prompt_batch
-
-
-def spaced_indices(n: int, k: int) -> list[int]:
-    """k indices spread evenly over range(n) (all of them when k >= n): a split is ordered by route,
-    so its first k samples would all come from one route."""
-    if k >= n:
-        return list(range(n))
-    return sorted({int(i) for i in np.linspace(0, n - 1, k).round()})
 
 
 def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int) -> DecoderConfig:
