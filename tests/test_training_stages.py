@@ -258,3 +258,22 @@ def test_model_wise_distillation_from_a_larger_teacher_trains_the_student(nano, 
     init = load_file(nano_ckpt / "model.safetensors")
     assert any(not torch.equal(student[k], init[k]) for k in student)
     assert sum(p.numel() for p in big.parameters()) > 3 * sum(v.numel() for v in init.values())
+
+
+def test_export_to_bfloat16_halves_the_weights_and_loads_back_as_float32(nano_ckpt, tmp_path):
+    out = tmp_path / "bf16"
+    assert main(["export", str(nano_ckpt), str(out), "--dtype", "bfloat16"]) == 0
+    src = load_file(nano_ckpt / "model.safetensors")
+    dst = load_file(out / "model.safetensors")
+    assert set(src) == set(dst) and all(v.dtype == torch.bfloat16 for v in dst.values())
+    assert (out / "model.safetensors").stat().st_size < 0.55 * (nano_ckpt / "model.safetensors").stat().st_size
+    back = load_model(out)
+    w = dict(back.model.named_parameters())
+    name = next(k for k in src if k.endswith("q_proj.weight"))
+    got = w[name]
+    assert got.dtype == torch.float32
+    assert torch.equal(got, src[name].to(torch.bfloat16).float())
+    assert (out / "wam_diff.json").read_text() == (nano_ckpt / "wam_diff.json").read_text()
+    with pytest.raises(ValueError, match="dtype 'int4'"):
+        from training.export import export
+        export(nano_ckpt, tmp_path / "x", "int4")

@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-samples", type=int, default=64)
     ev.add_argument("--max-new-tokens", type=int, default=128)
     ev.add_argument("--json", help="write the metrics here")
+    ex = sub.add_parser("export", help="rewrite a checkpoint in a compact dtype for shipping")
+    ex.add_argument("src", help="checkpoint directory")
+    ex.add_argument("dst", help="output directory (written atomically)")
+    ex.add_argument("--dtype", default="bfloat16", help="bfloat16 | float16 | float32")
     speed = sub.add_parser("speed", help="seconds per optimizer step at several block sizes (table + JSON)")
     speed.add_argument("--init", default="nano", help="checkpoint directory or preset")
     speed.add_argument("--data", action="append", required=True, help="dataset file (repeatable)")
@@ -138,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.stage == "eval":
         return run_eval(args)
+    if args.stage == "export":
+        from .export import export
+
+        print(f"exported: {export(args.src, args.dst, args.dtype)}")
+        return 0
     if args.stage == "speed":
         from .speed import run as run_speed
 
