@@ -92,6 +92,11 @@ def test_report_writes_table_json_plots_and_agreement_numbers(setup):
     vs_ar = by_name["student B4 vs AR"]["agreement"]
     assert vs_ar["teacher_block_size"] == 1 and vs_ar["top5"] < 1.0 and vs_ar["jsd"] > 1e-4
     assert same["masked_tokens"] == vs_ar["masked_tokens"] > 0  # same seeded corruption for both students
+    # the speed pass: every model over the same planning samples in one run; the table's x AR uses it
+    speed = report["speed"]
+    assert speed["samples"] == 4 and set(speed["models"]) == set(by_name)
+    assert speed["models"]["AR"]["forwards_per_token"] == pytest.approx(1.0)
+    assert speed["models"]["teacher B4"]["forwards_per_token"] < 1.0
     # closed loop: the baseline drove its one route
     cv = report["baselines"]["constant-velocity"]
     assert cv["num_routes"] == 1 and 0.0 <= cv["driving_score"] <= 100.0
@@ -104,6 +109,8 @@ def test_report_writes_table_json_plots_and_agreement_numbers(setup):
     md = (out / "report.md").read_text()
     assert "| " + " | ".join(COLUMNS) + " |" in md
     assert md.count("\n| AR | 1 | 1 |") == 1 and "| constant-velocity |" in md
+    ar_row = next(line for line in md.splitlines() if line.startswith("| AR |")).split(" | ")
+    assert ar_row[COLUMNS.index("x AR")] == "1.00"
 
 
 def test_resume_reuses_cached_model_results(setup):

@@ -124,6 +124,38 @@ class Report:
                 "invalid_plans", "policy_overrides")
         return {k: summary.get(k) for k in keep}
 
+    # ------------------------------------------------------------ speed
+    def speed_pass(self) -> dict:
+        """tokens/s of every model in one pass, the models taking turns sample by sample (so load on
+        the machine falls on all of them alike): the table's speed column and the x-AR ratios."""
+        from .open_loop import Decoded, decode_examples, decoder_config
+
+        path = self.out / "speed.json"
+        cached = self._cached(path)
+        if cached is not None:
+            return cached
+        d = self.spec.decoding
+        runs = []
+        for entry in self.spec.models:
+            loaded = self.loaded(entry)
+            B = block_size_of(entry, loaded)
+            runs.append((entry, loaded, decoder_config(B, d.steps, d.strategy, d.threshold,
+                                                       self.spec.max_new_tokens["planning"]), Decoded([], 0, 0, 0.0)))
+        examples = self.examples("planning", runs[0][1])
+        for x in examples:
+            for entry, loaded, cfg, acc in runs:
+                one = decode_examples(loaded, [x], cfg, progress=False)
+                acc.tokens += one.tokens
+                acc.forwards += one.forwards
+                acc.seconds += one.seconds
+        result = {"samples": len(examples), "threads": torch.get_num_threads(),
+                  "models": {e.name: {"block_size": cfg.block_size, "steps": cfg.steps, "tokens": acc.tokens,
+                                      "seconds": acc.seconds, "tokens_per_s": acc.tokens_per_s,
+                                      "forwards_per_token": acc.forwards_per_token}
+                             for e, _, cfg, acc in runs}}
+        self._write(path, result)
+        return result
+
     # ------------------------------------------------------------ sweeps
     def sweep(self, kind: str) -> dict:
         from .open_loop import evaluate_task
@@ -171,6 +203,7 @@ class Report:
                     self._write(path, cl)
                 baselines[name] = cl
         sweeps = {kind: self.sweep(kind) for kind in self.spec.sweeps}
+        speed = self.speed_pass() if "planning" in self.spec.data else None
         made = {}
         rows = [{"name": m["name"], "block_size": m["block_size"],
                  "l2": (m["open_loop"].get("planning") or {}).get("scores")} for m in models]
@@ -190,7 +223,7 @@ class Report:
             "closed_loop_routes": (f"{len(cl.ids)} routes" if cl.ids else (f"the first {cl.limit} routes of the suite"
                                    if cl.limit else "the whole route suite")) +
                                   f", {cl.frame_size[0]}x{cl.frame_size[1]} frames, a plan every {cl.replan_every} ticks",
-            "models": models, "baselines": baselines, "sweeps": sweeps, "plots": made,
+            "models": models, "baselines": baselines, "sweeps": sweeps, "speed": speed, "plots": made,
             "wall_s": round(time.perf_counter() - t0, 1),
         }
         self._write(self.out / "report.json", report)

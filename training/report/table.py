@@ -11,7 +11,7 @@ def _f(value: Optional[float], digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def model_row(r: dict, ar_tokens_per_s: Optional[float]) -> list[str]:
+def model_row(r: dict, ar_tokens_per_s: Optional[float], speed: Optional[dict] = None) -> list[str]:
     plan = r.get("open_loop", {}).get("planning") or {}
     scores = plan.get("scores") or {}
     l2 = scores if "l2_mean" in scores else {}
@@ -19,7 +19,8 @@ def model_row(r: dict, ar_tokens_per_s: Optional[float]) -> list[str]:
     det = ((r.get("open_loop", {}).get("detection") or {}).get("scores") or {}).get("map")
     qa = ((r.get("open_loop", {}).get("qa") or {}).get("scores") or {}).get("accuracy")
     cl = r.get("closed_loop") or {}
-    tps = plan.get("tokens_per_s")
+    tps = (speed or {}).get("tokens_per_s", plan.get("tokens_per_s"))
+    fpt = (speed or {}).get("forwards_per_token", plan.get("forwards_per_token"))
     agree = (r.get("agreement") or {}).get("top5")
     invalid = None
     if plan:
@@ -30,7 +31,7 @@ def model_row(r: dict, ar_tokens_per_s: Optional[float]) -> list[str]:
             _f(l2.get("l2_mean")), invalid or "-", _f(pdm if pdm is None else 100.0 * pdm, 1),
             _f(cl.get("driving_score"), 1), _f(cl.get("success_rate"), 1),
             _f(det if det is None else 100.0 * det, 1), _f(qa, 1), _f(tps, 0), _f(ratio, 2),
-            _f(plan.get("forwards_per_token"), 3), _f(agree, 3)]
+            _f(fpt, 3), _f(agree, 3)]
 
 
 def baseline_row(name: str, cl: dict) -> list[str]:
@@ -50,10 +51,22 @@ def markdown_table(header, rows) -> str:
 def render(report: dict) -> str:
     """The whole markdown document of a report dict (see training.report.run_report)."""
     models = report["models"]
-    ar = next((m for m in models if m.get("block_size") == 1
-               and (m.get("open_loop", {}).get("planning") or {}).get("tokens_per_s")), None)
-    ar_tps = ar["open_loop"]["planning"]["tokens_per_s"] if ar else None
-    rows = [model_row(m, ar_tps) for m in models]
+    speed = (report.get("speed") or {}).get("models", {})
+
+    def tps(m):
+        return (speed.get(m["name"]) or {}).get("tokens_per_s") or (m.get("open_loop", {}).get("planning") or {}).get("tokens_per_s")
+
+    # the speed-up reference: the first B = 1 model of the same size as the row (nano-S AR for nano-S rows)
+    ars = [m for m in models if m.get("block_size") == 1 and tps(m)]
+
+    def reference(m):
+        same = [a for a in ars if a.get("parameters") == m.get("parameters")]
+        return (same or ars or [None])[0]
+
+    rows = []
+    for m in models:
+        ref = reference(m)
+        rows.append(model_row(m, tps(ref) if ref else None, speed.get(m["name"])))
     rows += [baseline_row(name, cl) for name, cl in report.get("baselines", {}).items()]
     out = [f"# Model report\n\nSpec: `{report['spec']}`; machine: {report['machine']}; "
            f"written {report['written']}.\n",
@@ -61,9 +74,12 @@ def render(report: dict) -> str:
            f"decoding: {report['decoding']['strategy']}, threshold {report['decoding']['threshold']}, "
            "K = denoising steps per block (B = 1: one token per forward). L2 in metres over the plans "
            "that parse; unparsable = plans that did not. PDMS and mAP in %. DS / SR: closed loop on "
-           f"{report.get('closed_loop_routes', 'the route suite')}. x AR: tokens/s over the B = 1 row "
-           f"({ar['name'] if ar else 'none'}), same run. Top-5: agreement with the model's teacher on the "
-           "same corrupted validation sequences.\n",
+           f"{report.get('closed_loop_routes', 'the route suite')}. tokens/s and fwd/token: "
+           + (f"one speed pass over {report['speed']['samples']} planning samples at batch 1, the models taking "
+              f"turns per sample ({report['speed']['threads']} torch threads)" if report.get("speed") else
+              "from the open-loop planning decode") +
+           "; x AR: over the B = 1 model with the same parameter count. Top-5: agreement with the model's "
+           "teacher on the same corrupted validation sequences.\n",
            markdown_table(COLUMNS, rows)]
     for kind, sweep in report.get("sweeps", {}).items():
         if kind == "steps":
