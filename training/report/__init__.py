@@ -132,7 +132,7 @@ class Report:
 
         path = self.out / "speed.json"
         cached = self._cached(path)
-        if cached is not None:
+        if cached is not None and set(cached["models"]) == {m.name for m in self.spec.models}:
             return cached
         d = self.spec.decoding
         runs = []
