@@ -38,6 +38,11 @@ def spaced_indices(n: int, k: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, n - 1, k).round()})
 
 
+def spaced_examples(dataset, limit: int) -> list:
+    """Up to `limit` usable Examples of a dataset, spread evenly over it (BadSamples left out)."""
+    return [x for x in (dataset[i] for i in spaced_indices(len(dataset), limit)) if isinstance(x, Example)]
+
+
 class DataError(ValueError):
     """A dataset file or sample is unusable; the message names the file or sample."""
 

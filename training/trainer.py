@@ -32,7 +32,7 @@ from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
 
 from .collate import TrainBatch, collate
 from .config import Config, ConfigError
-from .data import DataError, DrivingDataset, Example, MixSampler, build_datasets, spaced_indices
+from .data import DataError, DrivingDataset, Example, MixSampler, build_datasets, spaced_examples
 from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_model_state, full_optim_state, is_sharded,
                           load_full_optim_state, wrap)
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
@@ -187,12 +187,7 @@ def _load_init(init: str, seed: int, device) -> LoadedModel:
 
 def _examples(dataset: DrivingDataset, limit: int) -> list[Example]:
     """`limit` usable examples spread evenly over the split (its first ones would all be one route)."""
-    out = []
-    for i in spaced_indices(len(dataset), limit):
-        x = dataset[i]
-        if isinstance(x, Example):
-            out.append(x)
-    return out
+    return spaced_examples(dataset, limit)
 
 
 def _on_policy_batch(model, loaded: LoadedModel, batch: TrainBatch, block_size: int, steps: Optional[int],

@@ -21,7 +21,7 @@ from wam_diff_core.model.checkpoint import LoadedModel
 from wam_diff_core.model.runner import ModelRunner
 from wam_diff_core.policy import TASK_BUDGET
 
-from ..data import DrivingDataset, Example, spaced_indices
+from ..data import DrivingDataset, Example, spaced_examples
 from ..evaluate import prompt_batch
 
 
@@ -53,12 +53,7 @@ def load_split(path: str | Path, loaded: LoadedModel, task: str, limit: int) -> 
     ds = DrivingDataset(path, loaded.processor, 1 << 16, 1 << 16, "skip", tasks=[task])
     if len(ds) == 0:
         raise ValueError(f"{path}: no usable {task!r} samples (skipped: {ds.stats.skipped})")
-    out = []
-    for i in spaced_indices(len(ds), limit):
-        x = ds[i]
-        if isinstance(x, Example):
-            out.append(x)
-    return out
+    return spaced_examples(ds, limit)
 
 
 def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: DecoderConfig, desc: str = "",

@@ -50,9 +50,7 @@ def plot_steps_sweep(model: str, points: list[dict], path: Path) -> Path | None:
     ax2 = ax.twinx()
     ax2.plot(ks, [p["tokens_per_s"] for p in points], "^:", color="tab:green", label="tokens/s")
     ax2.set_ylabel("tokens/s (CPU)")
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7)
+    _joint_legend(ax, ax2)
     ax.set_title(f"Quality against denoising steps: {model}")
     ax.grid(alpha=0.3)
     return _save(fig, path)
@@ -71,12 +69,17 @@ def plot_block_sweep(model: str, points: list[dict], path: Path) -> Path | None:
     ax2 = ax.twinx()
     ax2.plot(bs, [p["forwards_per_token"] for p in points], "s--", color="tab:red", label="forwards/token")
     ax2.set_ylabel("forwards per token")
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7)
+    _joint_legend(ax, ax2)
     ax.set_title(f"Decode speed against block size: {model}")
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def _joint_legend(ax, ax2) -> None:
+    """One legend for the lines of both y axes."""
+    lines, labels = ax.get_legend_handles_labels()
+    lines2, labels2 = ax2.get_legend_handles_labels()
+    ax.legend(lines + lines2, labels + labels2, fontsize=7)
 
 
 def _save(fig, path: Path) -> Path:
