@@ -62,7 +62,7 @@ def test_qa_prompt_keeps_question_and_rejects_blank():
 
 def test_chat_prompt_exact_string_for_one_image():
     assert chat_prompt("Drive.", 1) == (
-        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Drive.<|im_end|>\n<|im_start|>assistant\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nDrive.<|im_end|>\n<|im_start|>assistant\n"
     )
     assert IMAGE_TOKENS == SLOT
 
@@ -128,3 +128,17 @@ def test_sample_to_chat_text_only_sample():
 def test_sample_to_chat_malformed_raises_naming_id_and_problem(sample, match):
     with pytest.raises(ValueError, match=match):
         sample_to_chat(sample)
+
+
+def test_policy_prompt_is_token_for_token_the_training_prompt_of_a_generated_sample():
+    # datagen writes "<image>\n" + planning_prompt(...); the policy builds chat_prompt(planning_prompt(...), 1)
+    from wam_diff_core.constants import IMAGE_PLACEHOLDER
+    from wam_diff_core.prompts import chat_prompt, detection_prompt, planning_prompt, sample_to_chat
+    from wam_diff_core.types import EgoState
+
+    ego = EgoState(vx=25.79, vy=0.0, ax=0.4, ay=-3.57)
+    for text in (planning_prompt(ego, "follow lane"), detection_prompt()):
+        sample = {"id": "x", "datasource": "t", "task": "planning", "image": ["a.png"],
+                  "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{text}"},
+                                    {"from": "gpt", "value": "1"}]}
+        assert sample_to_chat(sample)[0] == chat_prompt(text, 1)

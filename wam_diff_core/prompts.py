@@ -88,13 +88,15 @@ def _chat(user_content: str) -> str:
 
 
 def chat_prompt(user_text: str, num_images: int) -> str:
-    """Qwen chat form: one user turn holding ``num_images`` image slots then ``user_text``,
-    followed by the opening of the assistant turn. Raises ValueError for bad arguments."""
+    """Qwen chat form: one user turn holding ``num_images`` image slots, each followed by a newline
+    as in the datasets' ``<image>\n`` convention (so a policy prompt is token for token the prompt the
+    model was trained on), then ``user_text``, followed by the opening of the assistant turn.
+    Raises ValueError for bad arguments."""
     if not isinstance(user_text, str):
         raise ValueError(f"user_text must be a string, got {type(user_text).__name__}")
     if not isinstance(num_images, int) or isinstance(num_images, bool) or num_images < 0:
         raise ValueError(f"num_images must be an int >= 0, got {num_images!r}")
-    return _chat(IMAGE_TOKENS * num_images + user_text)
+    return _chat((IMAGE_TOKENS + "\n") * num_images + user_text)
 
 
 def sample_to_chat(sample: dict[str, Any]) -> tuple[str, str]:
