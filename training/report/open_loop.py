@@ -22,14 +22,14 @@ from wam_diff_core.model.runner import ModelRunner
 from wam_diff_core.policy import TASK_BUDGET
 
 from ..data import DrivingDataset, Example, spaced_examples
+from ..evaluate import decoder_config as evaluate_decoder_config
 from ..evaluate import prompt_batch
 
 
 def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int) -> DecoderConfig:
     """B = 1 decodes one token per forward; otherwise at most `steps` denoising steps per block."""
     k = 1 if block_size == 1 else min(steps, block_size)
-    return DecoderConfig(block_size=block_size, steps=k, strategy=strategy, threshold=threshold,
-                         max_new_tokens=max_new_tokens)
+    return evaluate_decoder_config(block_size, k, strategy, threshold, max_new_tokens)
 
 
 @dataclass
