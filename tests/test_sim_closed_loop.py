@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("highway_env", reason="embedded world dependencies (requirements-sim.txt) not installed")
 
 from wam_diff_core.eval.score_cli import rescore  # noqa: E402
-from wam_diff_core.sim.closed_loop import drive_suite, run_route, shift_plan  # noqa: E402
+from wam_diff_core.sim.closed_loop import drive_suite, policy_overrides, run_route, shift_plan  # noqa: E402
 from wam_diff_core.sim.policies import ConstantVelocityPolicy, ExpertPolicy  # noqa: E402
 from wam_diff_core.sim.routes import Route  # noqa: E402
 from wam_diff_core.types import Plan  # noqa: E402
@@ -64,3 +64,13 @@ def test_drive_suite_writes_route_json_summary_video_and_rescore_matches(tmp_pat
     assert on_disk["driving_score"] == pytest.approx(rec["score"])
     assert summary["videos"] and (tmp_path / "videos").is_dir()
     assert rescore(tmp_path)["driving_score"] == pytest.approx(on_disk["driving_score"])
+
+
+def test_policy_overrides_decode_block_size_1_with_one_step():
+    assert policy_overrides(None, None) is None
+    assert policy_overrides(1, 8) == {"block_size": 1, "steps": 1}
+    assert policy_overrides(1, None) == {"block_size": 1, "steps": 1}
+    assert policy_overrides(32, 4) == {"block_size": 32, "steps": 4}
+    assert policy_overrides(4, 8) == {"block_size": 4, "steps": 4}   # at most one step per token
+    assert policy_overrides(32, None) == {"block_size": 32}          # steps from the checkpoint
+    assert policy_overrides(None, 4) == {"steps": 4}

@@ -9,7 +9,8 @@ pytest.importorskip("highway_env", reason="embedded world dependencies (requirem
 from wam_diff_core.codec import ParseError, parse_detections, parse_trajectory  # noqa: E402
 from wam_diff_core.eval.pdm import pdm_score, scene_from_dict  # noqa: E402
 from wam_diff_core.prompts import sample_to_chat  # noqa: E402
-from wam_diff_core.sim.datagen import assign_splits, generate, next_action  # noqa: E402
+from wam_diff_core.sim.datagen import (assign_splits, generate, next_action, waiting_keep,  # noqa: E402
+                                       with_seed_offsets)
 from wam_diff_core.sim.routes import Route  # noqa: E402
 
 # 100 m at ~20 m/s: ~5 s of driving, so frames 0..~1 s have their full 4 s future
@@ -101,3 +102,40 @@ def test_next_action_from_future():
     left[-2:, 1] = 3.5
     assert next_action(left, 20.0, "follow lane") == "change lane left"
     assert next_action(np.zeros((8, 2)), 0.0, "follow lane") == "stay stopped"
+
+
+def test_waiting_frames_stuck_runs_keep_only_the_start_of_their_final_stop():
+    t = np.arange(0, 20.0, 0.5)                  # 40 ticks, 0.5 s apart
+    v = np.where(t < 5.0, 8.0, 0.0)              # stops at 5 s and never moves again
+    keep = waiting_keep(v, t, completed=False, stuck_keep_s=3.0)
+    assert keep[t < 5.0].all()
+    assert keep[(t >= 5.0) & (t <= 8.0)].all() and not keep[t > 8.0].any()
+    assert waiting_keep(v, t, completed=True, stuck_keep_s=3.0).all()   # a completed run loses nothing
+    assert waiting_keep(np.full(8, 3.0), t[:8], completed=False).all()  # ends moving: nothing to cut
+
+
+def test_waiting_frames_long_waits_keep_their_first_seconds_and_the_start():
+    t = np.arange(0, 30.0, 0.5)
+    v = np.where((t >= 4.0) & (t < 24.0), 0.0, 6.0)  # a 20 s wait, then drives off at 24 s
+    assert waiting_keep(v, t, completed=False).all()  # balancing is off by default
+    keep = waiting_keep(v, t, completed=False, wait_keep_s=2.0, lead_s=4.0)
+    dropped = t[~keep]
+    assert dropped.min() == 6.5 and dropped.max() == 19.5 and len(dropped) == 27
+    assert keep[t >= 20.0].all() and keep[t < 6.5].all()
+
+
+def test_seed_offsets_copy_routes_with_new_traffic_seeds_and_keep_their_split(tmp_path):
+    routes, base = with_seed_offsets(ROUTES, [0, 1000])
+    assert [r.route_id for r in routes] == ["d_a", "d_b", "d_a_s1000", "d_b_s1000"]
+    assert [r.seed for r in routes] == [21, 22, 1021, 1022]
+    assert routes[2].options == ROUTES[0].options and base["d_b_s1000"] == "d_b"
+    with pytest.raises(ValueError, match="seed offsets"):
+        with_seed_offsets(ROUTES, [0, 0])
+    short = [Route(r.route_id, r.scenario, r.seed, r.density, 40.0, 3.0, r.options) for r in ROUTES]
+    stats = generate(short, tmp_path, every=10, frame_size=(64, 32), val_fraction=0.5, tasks=("planning",),
+                     progress=False, seed_offsets=(0, 1000))
+    parts = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "parts").glob("*.json")}
+    assert sorted(parts) == ["d_a", "d_a_s1000", "d_b", "d_b_s1000"]
+    for rid, part in parts.items():
+        assert part["split"] == parts[rid.split("_s")[0]]["split"]
+    assert stats["routes"] == 4

@@ -277,3 +277,23 @@ def test_export_to_bfloat16_halves_the_weights_and_loads_back_as_float32(nano_ck
     with pytest.raises(ValueError, match="dtype 'int4'"):
         from training.export import export
         export(nano_ckpt, tmp_path / "x", "int4")
+
+
+def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nano_ckpt, tmp_path):
+    b32 = tmp_path / "b32"
+    loaded = load_model(nano_ckpt)
+    loaded.settings = loaded.settings.for_block_size(32)
+    save_model(loaded, b32)
+    assert main(["export", str(b32), str(tmp_path / "k4"), "--dtype", "float32", "--steps", "4"]) == 0
+    got = load_model(tmp_path / "k4").settings
+    assert (got.decoding.steps, got.decoding.block_size, got.trained_block_size) == (4, 32, 32)
+    assert got.decoding.strategy == loaded.settings.decoding.strategy
+    from training.export import export
+
+    ar = tmp_path / "ar"
+    loaded.settings = loaded.settings.for_block_size(1)
+    save_model(loaded, ar)
+    with pytest.raises(ValueError, match="block size 1"):
+        export(ar, tmp_path / "y", "float32", steps=4)
+    with pytest.raises(ValueError, match="steps 0"):
+        export(b32, tmp_path / "z", "float32", steps=0)

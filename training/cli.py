@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("src", help="checkpoint directory")
     ex.add_argument("dst", help="output directory (written atomically)")
     ex.add_argument("--dtype", default="bfloat16", help="bfloat16 | float16 | float32")
+    ex.add_argument("--steps", type=int, default=None, help="set the default denoising steps per block")
     speed = sub.add_parser("speed", help="seconds per optimizer step at several block sizes (table + JSON)")
     speed.add_argument("--init", default="nano", help="checkpoint directory or preset")
     speed.add_argument("--data", action="append", required=True, help="dataset file (repeatable)")
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stage == "export":
         from .export import export
 
-        print(f"exported: {export(args.src, args.dst, args.dtype)}")
+        print(f"exported: {export(args.src, args.dst, args.dtype, args.steps)}")
         return 0
     if args.stage == "speed":
         from .speed import run as run_speed

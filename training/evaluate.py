@@ -18,6 +18,7 @@ from wam_diff_core.codec import ParseError, parse_trajectory
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
 from wam_diff_core.eval.l2 import l2_report
+from wam_diff_core.model.checkpoint import pad_token_id
 from wam_diff_core.model.processor import PromptBatch
 from wam_diff_core.model.runner import ModelRunner
 
@@ -55,7 +56,7 @@ def evaluate(model, processor, settings, examples: Sequence[Example], block_size
     device = runner.device
     eos = settings.eos_token_id
     cfg = decoder_config(block_size, steps, strategy, threshold, max_new_tokens, backend)
-    pad_id = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else eos
+    pad_id = pad_token_id(processor, settings)
     correct = total = exact = produced = 0
     fpt_sum = 0.0
     seconds = 0.0

@@ -1,9 +1,13 @@
 """`wam-diff-train export SRC DST --dtype bfloat16`: a checkpoint rewritten in a compact dtype for
 shipping (half the bytes of float32), processor and `wam_diff.json` unchanged. Loading upcasts to the
-dtype asked for (float32 on CPU by default), so the shipped weights are the evaluated ones."""
+dtype asked for (float32 on CPU by default), so the shipped weights are the evaluated ones.
+`--steps K` also sets the checkpoint's default denoising steps per block (the operating point it was
+evaluated at); everything else in `wam_diff.json` is kept."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -12,10 +16,17 @@ from wam_diff_core.model.checkpoint import load_model, save_model
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16") -> Path:
+def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Optional[int] = None) -> Path:
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps {steps}: expected a number of denoising steps >= 1")
     loaded = load_model(src)
+    if steps is not None:
+        s = loaded.settings
+        if s.trained_block_size == 1 and steps != 1:
+            raise ValueError(f"steps {steps}: {src} decodes autoregressively (block size 1), one step per token")
+        loaded.settings = replace(s, decoding=replace(s.decoding, steps=int(steps)))
     loaded.model.to(DTYPES[dtype])
     loaded.model.config.dtype = DTYPES[dtype]
     return save_model(loaded, dst)

@@ -28,7 +28,7 @@ def measure(init: str, data: list[dict], block_sizes: list[int], steps: int = 10
     model = loaded.model.train()
     use_backend(model, backend)
     ds = build_datasets(data, loaded.processor, 8192, max_response_tokens, "skip")
-    pad = loaded.processor.tokenizer.pad_token_id or 0
+    pad = loaded.pad_token_id
     optimizer = torch.optim.AdamW(param_groups(model, 1e-5, 1e-6, 0.0), lr=1e-5)
     module = SelectedLogits(model)
     items = [ds[i % len(ds)] for i in range((warmup + steps) * batch_size)]

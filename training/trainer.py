@@ -241,8 +241,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     use_backend(model, tc.backend)
     model.train()
     mask_id = loaded.settings.mask_token_id
-    tok = loaded.processor.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else loaded.settings.eos_token_id
+    pad_id = loaded.pad_token_id
 
     teacher = None
     teacher_B = stage.teacher_block_size

@@ -115,7 +115,7 @@ class Report:
         routes = load_routes(cl.routes, ids=list(cl.ids) or None, limit=cl.limit)
         overrides = None
         if block_size is not None:
-            overrides = policy_overrides(block_size, None if block_size == 1 else self.spec.decoding.steps)
+            overrides = policy_overrides(block_size, self.spec.decoding.steps)
             overrides.update(strategy=self.spec.decoding.strategy, threshold=self.spec.decoding.threshold)
         summary = drive_suite(routes, policy, self.out / "closed_loop" / slug, workers=cl.workers,
                               frame_size=cl.frame_size, replan_every=cl.replan_every, resume=self.resume,

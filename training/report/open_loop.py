@@ -19,6 +19,7 @@ from wam_diff_core.decoding.config import DecoderConfig
 from wam_diff_core.eval.score_cli import score_open_loop
 from wam_diff_core.model.checkpoint import LoadedModel
 from wam_diff_core.model.runner import ModelRunner
+from wam_diff_core.model.settings import steps_for_block
 from wam_diff_core.policy import TASK_BUDGET
 
 from ..data import DrivingDataset, Example, spaced_examples
@@ -28,8 +29,7 @@ from ..evaluate import prompt_batch
 
 def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int) -> DecoderConfig:
     """B = 1 decodes one token per forward; otherwise at most `steps` denoising steps per block."""
-    k = 1 if block_size == 1 else min(steps, block_size)
-    return evaluate_decoder_config(block_size, k, strategy, threshold, max_new_tokens)
+    return evaluate_decoder_config(block_size, steps_for_block(block_size, steps), strategy, threshold, max_new_tokens)
 
 
 @dataclass
@@ -61,7 +61,7 @@ def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: Decod
     """Decode each example alone (batch 1) with the block decoder; time only the decoder calls."""
     runner = ModelRunner(loaded.model, cfg.backend)
     settings, processor = loaded.settings, loaded.processor
-    pad_id = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else settings.eos_token_id
+    pad_id = loaded.pad_token_id
     preds, tokens, forwards, seconds = [], 0, 0, 0.0
     for x in tqdm(examples, desc=desc, unit="sample", disable=not progress, leave=False):
         batch = prompt_batch([x], pad_id).to(runner.device)

@@ -45,6 +45,16 @@ class LoadedModel:
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def pad_token_id(self) -> int:
+        return pad_token_id(self.processor, self.settings)
+
+
+def pad_token_id(processor: VLProcessor, settings: WamDiffSettings) -> int:
+    """The id that left-pads prompts and pads targets: the tokenizer's pad token, else EOS."""
+    pad = processor.tokenizer.pad_token_id
+    return settings.eos_token_id if pad is None else int(pad)
+
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():

@@ -18,6 +18,12 @@ class DecodingDefaults:
     threshold: float = 0.9
 
 
+def steps_for_block(block_size: int, steps: int) -> int:
+    """Denoising steps per block actually used: B = 1 decodes one token per forward (one step);
+    a larger block takes `steps`, at most one per token of the block."""
+    return 1 if int(block_size) == 1 else min(int(steps), int(block_size))
+
+
 @dataclass(frozen=True)
 class WamDiffSettings:
     """mask_token_id / eos_token_id: ids in this checkpoint's vocabulary; trained_block_size: the block
@@ -33,7 +39,7 @@ class WamDiffSettings:
         """These settings for weights trained at `block_size`: the decoding defaults follow it (B = 1
         decodes one token per forward; a larger B keeps the stored steps, strategy and threshold)."""
         b = int(block_size)
-        steps = 1 if b == 1 else self.decoding.steps
+        steps = steps_for_block(b, self.decoding.steps)
         return replace(self, trained_block_size=b, decoding=replace(self.decoding, block_size=b, steps=steps))
 
     def to_json(self) -> str:

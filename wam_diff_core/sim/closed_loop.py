@@ -253,12 +253,14 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 # ---------------------------------------------------------------- CLI
 def policy_overrides(block_size: Optional[int], steps: Optional[int]) -> Optional[dict]:
     """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
+    from ..model.settings import steps_for_block
+
     out = {}
     if block_size is not None:
         out["block_size"] = block_size
-        if block_size == 1:
-            out["steps"] = 1
-    if steps is not None and block_size != 1:
+        if steps is not None or block_size == 1:
+            out["steps"] = steps_for_block(block_size, steps if steps is not None else 1)
+    elif steps is not None:
         out["steps"] = steps
     return out or None
 

@@ -21,6 +21,7 @@ import multiprocessing as mp
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -30,9 +31,55 @@ from ..constants import IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
 from .routes import DEFAULT_SUITE, Route, load_routes, suite_version
 
 DATASOURCE = "wam-diff-highway"
+# An expert run that ends stationary short of its target (blocked behind a deadlock, or timed out)
+# teaches "stay stopped forever": of its final stationary stretch only the first STUCK_KEEP_S are kept.
+STUCK_KEEP_S = 3.0
 LEAD_RANGE_M = 100.0
 FREE_LANE_BEHIND_M = 10.0
 FREE_LANE_AHEAD_M = 30.0
+
+
+def waiting_keep(speeds: np.ndarray, times: np.ndarray, completed: bool, stuck_keep_s: float = STUCK_KEEP_S,
+                 wait_keep_s: Optional[float] = None, lead_s: float = NUM_WAYPOINTS * WAYPOINT_DT_S) -> np.ndarray:
+    """Which ticks may become frames, judged by stationary stretches (speed < BLOCKED_SPEED_MPS).
+    A stretch that lasts to the end of a run that did not complete keeps only its first stuck_keep_s.
+    With wait_keep_s set, a stretch the ego drives off from keeps its first wait_keep_s and its last
+    lead_s (whose 4 s futures show the start), so long waits do not drown the rare starts."""
+    from .closed_loop import BLOCKED_SPEED_MPS
+
+    speeds, times = np.asarray(speeds, dtype=float), np.asarray(times, dtype=float)
+    keep = np.ones(speeds.shape, dtype=bool)
+    stopped = speeds < BLOCKED_SPEED_MPS
+    i, n = 0, len(speeds)
+    while i < n:
+        if not stopped[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < n and stopped[j + 1]:
+            j += 1
+        t = times[i:j + 1]
+        if j == n - 1 and not completed:
+            keep[i:j + 1] = t <= times[i] + stuck_keep_s
+        elif wait_keep_s is not None and j < n - 1:
+            keep[i:j + 1] = (t <= times[i] + wait_keep_s) | (t >= times[j + 1] - lead_s)
+        i = j + 1
+    return keep
+
+
+def with_seed_offsets(routes: list[Route], offsets: list[int]) -> tuple[list[Route], dict[str, str]]:
+    """Each route once per seed offset (offset 0 is the route itself; others get id
+    '<route_id>_s<offset>' and seed + offset: same road and options, other traffic), and
+    route_id -> base route id, so a copy always lands in its base route's split."""
+    if not offsets or any(o < 0 for o in offsets) or len(set(offsets)) != len(offsets):
+        raise ValueError(f"seed offsets {offsets}: expected distinct integers >= 0")
+    out, base = [], {}
+    for o in offsets:
+        for r in routes:
+            c = r if o == 0 else replace(r, route_id=f"{r.route_id}_s{o}", seed=r.seed + o)
+            out.append(c)
+            base[c.route_id] = r.route_id
+    return out, base
 
 
 def _seed_rank(seed: int) -> int:
@@ -135,7 +182,7 @@ def _pdm_scene(tick, lanes, future: np.ndarray, agent_futures: dict) -> dict:
 
 
 def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384, 192), split: str = "train",
-                   tasks=("planning", "detection", "qa")) -> dict:
+                   tasks=("planning", "detection", "qa"), wait_keep_s: Optional[float] = None) -> dict:
     """Drive one route with the expert and write its samples to OUT/parts/<route_id>.json."""
     from PIL import Image
 
@@ -161,6 +208,9 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
             break
     world.close()
     crashed = ticks[-1].collision
+    completed = ticks[-1].progress_m >= route.target_distance_m
+    keep = waiting_keep(np.array([t.ego.speed for t in ticks]), np.array([t.t for t in ticks]), completed or crashed,
+                        wait_keep_s=wait_keep_s)
     img_dir = out_dir / "images" / route.route_id
     img_dir.mkdir(parents=True, exist_ok=True)
     samples, scenes = [], []
@@ -168,7 +218,7 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
     last = len(ticks) - 1 - horizon
     for k in range(0, last + 1, every):
         tk = ticks[k]
-        if tk.frame is None or tk.collision:
+        if tk.frame is None or tk.collision or not keep[k]:
             continue
         pose = np.array(tk.pose[:2]), tk.pose[2]
         fut_world = np.array([ticks[k + j * step_ticks].pose[:2] for j in range(1, NUM_WAYPOINTS + 1)])
@@ -212,7 +262,8 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
                                 "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{qa_prompt(q)}"},
                                                   {"from": "gpt", "value": a}],
                                 "meta": {**meta, "qa_kind": kind}})
-    part = {"route": route.to_dict(), "split": split, "crashed": crashed, "ticks": len(ticks),
+    part = {"route": route.to_dict(), "split": split, "crashed": crashed, "completed": completed,
+            "waiting_ticks_dropped": int((~keep[:last + 1]).sum()) if last >= 0 else 0, "ticks": len(ticks),
             "frames": len({s["image"][0] for s in samples}), "samples": samples, "scenes": scenes,
             "wall_s": round(time.perf_counter() - t0, 3)}
     pdir = out_dir / "parts"
@@ -223,8 +274,8 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
     return {k: v for k, v in part.items() if k not in ("samples", "scenes")} | {"num_samples": len(samples)}
 
 
-def _worker(route_dict, out_dir, every, frame_size, split, tasks):
-    return generate_route(Route(**route_dict), Path(out_dir), every, frame_size, split, tasks)
+def _worker(route_dict, out_dir, every, frame_size, split, tasks, wait_keep_s):
+    return generate_route(Route(**route_dict), Path(out_dir), every, frame_size, split, tasks, wait_keep_s)
 
 
 def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_samples: int) -> dict:
@@ -233,7 +284,7 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
     scenes = []
     per_scenario, per_task, commands, qa_kinds, next_actions = Counter(), Counter(), Counter(), Counter(), Counter()
     frames = Counter()
-    crashed = []
+    crashed, waiting = [], {}
     for r in routes:
         p = out_dir / "parts" / f"{r.route_id}.json"
         if not p.is_file():
@@ -241,6 +292,8 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
         part = json.loads(p.read_text())
         if part["crashed"]:
             crashed.append(r.route_id)
+        if part.get("waiting_ticks_dropped"):
+            waiting[r.route_id] = part["waiting_ticks_dropped"]
         split_samples[part["split"]].extend(part["samples"])
         scenes.extend(part["scenes"])
         frames[part["split"]] += part["frames"]
@@ -260,6 +313,7 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
             f.write(json.dumps(s) + "\n")
     stats = {
         "suite": suite_version(), "routes": len(routes), "routes_crashed": crashed,
+        "waiting_ticks_dropped": waiting,
         "samples": {k: len(v) for k, v in split_samples.items()}, "frames": dict(frames),
         "per_task": dict(sorted(per_task.items())), "per_scenario": dict(sorted(per_scenario.items())),
         "commands": dict(commands.most_common()), "qa_kinds": dict(qa_kinds.most_common()),
@@ -272,8 +326,12 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
 
 
 def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 5, frame_size=(384, 192),
-             val_fraction: float = 0.2, tasks=("planning", "detection", "qa"), progress: bool = True) -> dict:
+             val_fraction: float = 0.2, tasks=("planning", "detection", "qa"), progress: bool = True,
+             seed_offsets=(0,), wait_keep_s: Optional[float] = None) -> dict:
     out_dir = Path(out_dir)
+    base_splits = assign_splits(routes, val_fraction)
+    routes, base = with_seed_offsets(routes, list(seed_offsets))
+    splits = {rid: base_splits[b] for rid, b in base.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = [r for r in routes if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
     bar = None
@@ -283,8 +341,8 @@ def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 
         bar = tqdm(total=len(routes), initial=len(routes) - len(todo), desc="data", unit="route")
     t0 = time.perf_counter()
     generated = 0
-    splits = assign_splits(routes, val_fraction)
-    args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), splits[r.route_id], tuple(tasks)) for r in todo]
+    args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), splits[r.route_id], tuple(tasks), wait_keep_s)
+            for r in todo]
     if workers <= 1:
         for a in args:
             generated += _worker(*a)["num_samples"]
@@ -315,6 +373,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-fraction", type=float, default=0.2, help="share of route seeds held out")
     parser.add_argument("--frame-size", default="384x192")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--wait-keep-s", type=float, default=None,
+                        help="of each stationary wait the ego drives off from, keep frames from its first N s and its "
+                             "last 4 s only (balances waiting against starting); default: keep every wait frame")
+    parser.add_argument("--seed-offsets", default="0",
+                        help="comma-separated: drive every route once per offset, its traffic seeded with seed + offset "
+                             "(copies keep their route's split)")
 
 
 def run(args) -> int:
@@ -325,7 +389,12 @@ def run(args) -> int:
     if bad:
         raise SystemExit(f"unknown tasks {bad}; expected planning, detection, qa")
     w, h = (int(v) for v in args.frame_size.lower().split("x"))
+    try:
+        offsets = [int(v) for v in args.seed_offsets.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--seed-offsets {args.seed_offsets!r}: expected comma-separated integers, e.g. 0,1000")
     stats = generate(routes, Path(args.out), workers=args.workers, every=args.every, frame_size=(w, h),
-                     val_fraction=args.val_fraction, tasks=tasks)
+                     val_fraction=args.val_fraction, tasks=tasks, seed_offsets=offsets,
+                     wait_keep_s=args.wait_keep_s)
     print(json.dumps(stats, indent=2))
     return 0
