@@ -122,6 +122,9 @@ def test_waiting_frames_long_waits_keep_their_first_seconds_and_the_start():
     dropped = t[~keep]
     assert dropped.min() == 6.5 and dropped.max() == 19.5 and len(dropped) == 27
     assert keep[t >= 20.0].all() and keep[t < 6.5].all()
+    # a short lead keeps only the wait's first tick and its last second: every stopped frame but one starts soon
+    keep = waiting_keep(v, t, completed=False, wait_keep_s=0.0, lead_s=1.0)
+    assert t[~keep].min() == 4.5 and t[~keep].max() == 22.5 and keep[(t >= 23.0)].all()
 
 
 def test_seed_offsets_copy_routes_with_new_traffic_seeds_and_keep_their_split(tmp_path):

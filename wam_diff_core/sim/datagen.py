@@ -44,7 +44,9 @@ def waiting_keep(speeds: np.ndarray, times: np.ndarray, completed: bool, stuck_k
     """Which ticks may become frames, judged by stationary stretches (speed < BLOCKED_SPEED_MPS).
     A stretch that lasts to the end of a run that did not complete keeps only its first stuck_keep_s.
     With wait_keep_s set, a stretch the ego drives off from keeps its first wait_keep_s and its last
-    lead_s (whose 4 s futures show the start), so long waits do not drown the rare starts."""
+    lead_s (whose futures show the start), so long waits do not drown the rare starts. A policy
+    without memory sees the same scene at every tick of a wait: a short lead_s teaches it to start
+    when it is stopped, a long one to wait."""
     from .closed_loop import BLOCKED_SPEED_MPS
 
     speeds, times = np.asarray(speeds, dtype=float), np.asarray(times, dtype=float)
@@ -182,7 +184,8 @@ def _pdm_scene(tick, lanes, future: np.ndarray, agent_futures: dict) -> dict:
 
 
 def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384, 192), split: str = "train",
-                   tasks=("planning", "detection", "qa"), wait_keep_s: Optional[float] = None) -> dict:
+                   tasks=("planning", "detection", "qa"), wait_keep_s: Optional[float] = None,
+                   wait_lead_s: float = NUM_WAYPOINTS * WAYPOINT_DT_S) -> dict:
     """Drive one route with the expert and write its samples to OUT/parts/<route_id>.json."""
     from PIL import Image
 
@@ -210,7 +213,8 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
     crashed = ticks[-1].collision
     completed = ticks[-1].progress_m >= route.target_distance_m
     keep = waiting_keep(np.array([t.ego.speed for t in ticks]), np.array([t.t for t in ticks]), completed or crashed,
-                        wait_keep_s=wait_keep_s)
+                        stuck_keep_s=STUCK_KEEP_S if wait_keep_s is None else min(STUCK_KEEP_S, wait_keep_s),
+                        wait_keep_s=wait_keep_s, lead_s=wait_lead_s)
     img_dir = out_dir / "images" / route.route_id
     img_dir.mkdir(parents=True, exist_ok=True)
     samples, scenes = [], []
@@ -274,8 +278,8 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
     return {k: v for k, v in part.items() if k not in ("samples", "scenes")} | {"num_samples": len(samples)}
 
 
-def _worker(route_dict, out_dir, every, frame_size, split, tasks, wait_keep_s):
-    return generate_route(Route(**route_dict), Path(out_dir), every, frame_size, split, tasks, wait_keep_s)
+def _worker(route_dict, out_dir, every, frame_size, split, tasks, wait_keep_s, wait_lead_s):
+    return generate_route(Route(**route_dict), Path(out_dir), every, frame_size, split, tasks, wait_keep_s, wait_lead_s)
 
 
 def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_samples: int) -> dict:
@@ -327,7 +331,8 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
 
 def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 5, frame_size=(384, 192),
              val_fraction: float = 0.2, tasks=("planning", "detection", "qa"), progress: bool = True,
-             seed_offsets=(0,), wait_keep_s: Optional[float] = None) -> dict:
+             seed_offsets=(0,), wait_keep_s: Optional[float] = None,
+             wait_lead_s: float = NUM_WAYPOINTS * WAYPOINT_DT_S) -> dict:
     out_dir = Path(out_dir)
     base_splits = assign_splits(routes, val_fraction)
     routes, base = with_seed_offsets(routes, list(seed_offsets))
@@ -341,7 +346,8 @@ def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 
         bar = tqdm(total=len(routes), initial=len(routes) - len(todo), desc="data", unit="route")
     t0 = time.perf_counter()
     generated = 0
-    args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), splits[r.route_id], tuple(tasks), wait_keep_s)
+    args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), splits[r.route_id], tuple(tasks), wait_keep_s,
+             wait_lead_s)
             for r in todo]
     if workers <= 1:
         for a in args:
@@ -374,8 +380,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frame-size", default="384x192")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--wait-keep-s", type=float, default=None,
-                        help="of each stationary wait the ego drives off from, keep frames from its first N s and its "
-                             "last 4 s only (balances waiting against starting); default: keep every wait frame")
+                        help="of each stationary wait keep frames from its first N s only, and from its last "
+                             "--wait-lead-s s when the ego drives off (balances waiting against starting); "
+                             "default: keep every wait frame (a run stuck at its end keeps its first 3 s)")
+    parser.add_argument("--wait-lead-s", type=float, default=NUM_WAYPOINTS * WAYPOINT_DT_S,
+                        help="with --wait-keep-s: seconds before the ego drives off that are kept (default 4)")
     parser.add_argument("--seed-offsets", default="0",
                         help="comma-separated: drive every route once per offset, its traffic seeded with seed + offset "
                              "(copies keep their route's split)")
@@ -395,6 +404,6 @@ def run(args) -> int:
         raise SystemExit(f"--seed-offsets {args.seed_offsets!r}: expected comma-separated integers, e.g. 0,1000")
     stats = generate(routes, Path(args.out), workers=args.workers, every=args.every, frame_size=(w, h),
                      val_fraction=args.val_fraction, tasks=tasks, seed_offsets=offsets,
-                     wait_keep_s=args.wait_keep_s)
+                     wait_keep_s=args.wait_keep_s, wait_lead_s=args.wait_lead_s)
     print(json.dumps(stats, indent=2))
     return 0
