@@ -22,11 +22,11 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     rows, texts = {}, {}
-    examples = None
-    d = load_model(args.dst).settings.decoding  # both decode at the exported checkpoint's operating point
-    for tag, path in (("src", args.src), ("dst", args.dst)):
+    examples = d = None
+    for tag, path in (("dst", args.dst), ("src", args.src)):
         loaded = load_model(path)
         examples = examples or load_split(args.split, loaded, "planning", args.samples)
+        d = d or loaded.settings.decoding  # both decode at the exported checkpoint's operating point
         res = evaluate_task(loaded, args.split, "planning", args.samples, d.block_size, d.steps, d.strategy,
                             d.threshold, out, tag, progress=False, examples=examples)
         rows[tag] = {"path": path, "dtype": str(next(loaded.model.parameters()).dtype), "block_size": d.block_size,

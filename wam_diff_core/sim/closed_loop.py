@@ -21,6 +21,7 @@ import numpy as np
 
 from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
+from ..model.settings import steps_for_block
 from .routes import DEFAULT_SUITE, Route, load_routes, suite_version
 
 ROUTE_DEVIATION_M = {"corridor": 6.0, "road": 3.0}   # junction routes: from the route; others: beyond the road edge
@@ -253,8 +254,6 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 # ---------------------------------------------------------------- CLI
 def policy_overrides(block_size: Optional[int], steps: Optional[int]) -> Optional[dict]:
     """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
-    from ..model.settings import steps_for_block
-
     out = {}
     if block_size is not None:
         out["block_size"] = block_size
