@@ -27,7 +27,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..constants import IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
+from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
 from .routes import DEFAULT_SUITE, Route, load_routes, suite_version
 
 DATASOURCE = "wam-diff-highway"
@@ -40,7 +40,7 @@ FREE_LANE_AHEAD_M = 30.0
 
 
 def waiting_keep(speeds: np.ndarray, times: np.ndarray, completed: bool, stuck_keep_s: float = STUCK_KEEP_S,
-                 wait_keep_s: Optional[float] = None, lead_s: float = NUM_WAYPOINTS * WAYPOINT_DT_S) -> np.ndarray:
+                 wait_keep_s: Optional[float] = None, lead_s: float = HORIZON_S) -> np.ndarray:
     """Which ticks may become frames, judged by stationary stretches (speed < BLOCKED_SPEED_MPS).
     A stretch that lasts to the end of a run that did not complete keeps only its first stuck_keep_s.
     With wait_keep_s set, a stretch the ego drives off from keeps its first wait_keep_s and its last
@@ -185,7 +185,7 @@ def _pdm_scene(tick, lanes, future: np.ndarray, agent_futures: dict) -> dict:
 
 def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384, 192), split: str = "train",
                    tasks=("planning", "detection", "qa"), wait_keep_s: Optional[float] = None,
-                   wait_lead_s: float = NUM_WAYPOINTS * WAYPOINT_DT_S) -> dict:
+                   wait_lead_s: float = HORIZON_S) -> dict:
     """Drive one route with the expert and write its samples to OUT/parts/<route_id>.json."""
     from PIL import Image
 
@@ -197,7 +197,7 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
     world = HighwayWorld(route, frame_size=frame_size, driver="expert", render=True)
     tick = world.reset()
     ticks, lanes_at = [tick], {}
-    horizon = int(round(NUM_WAYPOINTS * WAYPOINT_DT_S / world.dt))
+    horizon = int(round(HORIZON_S / world.dt))
     step_ticks = int(round(WAYPOINT_DT_S / world.dt))
     if 0 % every == 0:
         lanes_at[0] = world.lanes_gt()
@@ -332,7 +332,7 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
 def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 5, frame_size=(384, 192),
              val_fraction: float = 0.2, tasks=("planning", "detection", "qa"), progress: bool = True,
              seed_offsets=(0,), wait_keep_s: Optional[float] = None,
-             wait_lead_s: float = NUM_WAYPOINTS * WAYPOINT_DT_S) -> dict:
+             wait_lead_s: float = HORIZON_S) -> dict:
     out_dir = Path(out_dir)
     base_splits = assign_splits(routes, val_fraction)
     routes, base = with_seed_offsets(routes, list(seed_offsets))
@@ -383,7 +383,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="of each stationary wait keep frames from its first N s only, and from its last "
                              "--wait-lead-s s when the ego drives off (balances waiting against starting); "
                              "default: keep every wait frame (a run stuck at its end keeps its first 3 s)")
-    parser.add_argument("--wait-lead-s", type=float, default=NUM_WAYPOINTS * WAYPOINT_DT_S,
+    parser.add_argument("--wait-lead-s", type=float, default=HORIZON_S,
                         help="with --wait-keep-s: seconds before the ego drives off that are kept (default 4)")
     parser.add_argument("--seed-offsets", default="0",
                         help="comma-separated: drive every route once per offset, its traffic seeded with seed + offset "
