@@ -180,14 +180,13 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from wam_diff_core.model.checkpoint import load_model
 
-    from .data import DrivingDataset
+    from .data import DrivingDataset, spaced_examples
     from .evaluate import evaluate
-    from .trainer import _examples
 
     loaded = load_model(args.model)
     B = args.block_size or loaded.settings.trained_block_size
     val = DrivingDataset(args.data, loaded.processor, 1 << 16, 1 << 16, "skip")
-    metrics = evaluate(loaded.model, loaded.processor, loaded.settings, _examples(val, args.max_samples), B,
+    metrics = evaluate(loaded.model, loaded.processor, loaded.settings, spaced_examples(val, args.max_samples), B,
                        args.steps, args.strategy, args.threshold, args.max_new_tokens)
     text = json.dumps(metrics, indent=2)
     print(text)

@@ -32,7 +32,7 @@ from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
 
 from .collate import TrainBatch, collate
 from .config import Config, ConfigError
-from .data import DataError, DrivingDataset, Example, MixSampler, build_datasets, spaced_examples
+from .data import DataError, DrivingDataset, MixSampler, build_datasets, spaced_examples
 from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_model_state, full_optim_state, is_sharded,
                           load_full_optim_state, wrap)
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
@@ -183,11 +183,6 @@ def _load_init(init: str, seed: int, device) -> LoadedModel:
         return build_preset(init, device=device, seed=seed)
     except ValueError as exc:
         raise ConfigError(f"{init!r} is neither a checkpoint directory nor a model preset ({exc})") from exc
-
-
-def _examples(dataset: DrivingDataset, limit: int) -> list[Example]:
-    """`limit` usable examples spread evenly over the split (its first ones would all be one route)."""
-    return spaced_examples(dataset, limit)
 
 
 def _on_policy_batch(model, loaded: LoadedModel, batch: TrainBatch, block_size: int, steps: Optional[int],
@@ -392,7 +387,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
             val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip")
             eval_model = load(final_dir, device=device).model if sharded else model
             use_backend(eval_model, tc.backend)
-            metrics = evaluate(eval_model, loaded.processor, loaded.settings, _examples(val, ec.max_samples),
+            metrics = evaluate(eval_model, loaded.processor, loaded.settings, spaced_examples(val, ec.max_samples),
                                stage.block_size, ec.steps, ec.strategy, ec.threshold, ec.max_new_tokens,
                                ec.batch_size, tc.backend)
             metrics["skipped_val"] = val.stats.skipped
