@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 import yaml
 
+from wam_diff_core.constants import TRAJECTORY_FORMATS
+
 
 class ConfigError(ValueError):
     """A config file, key or value is invalid (the message names it)."""
@@ -26,6 +28,7 @@ class DataConfig:
     on_bad_sample: str = "skip"  # skip (drop and count) | error (stop, naming the sample)
     epoch_size: Optional[int] = None  # draws per epoch over the weighted mix; default: every sample once
     num_workers: int = 0
+    trajectory_format: Optional[str] = None  # official | fixed; default: the initial checkpoint's
 
 
 @dataclass
@@ -194,6 +197,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
 
 
 def validate(cfg: Config) -> None:
+    if cfg.data.trajectory_format not in (None,) + TRAJECTORY_FORMATS:
+        raise ConfigError(f"data.trajectory_format must be one of {TRAJECTORY_FORMATS}, got {cfg.data.trajectory_format!r}")
     if cfg.data.on_bad_sample not in ("skip", "error"):
         raise ConfigError(f"data.on_bad_sample must be skip or error, got {cfg.data.on_bad_sample!r}")
     if cfg.train.batch_size < 1 or cfg.train.grad_accum < 1:

@@ -23,7 +23,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from wam_diff_core.constants import EOS_TOKEN
+from wam_diff_core.codec import ParseError, format_trajectory, parse_trajectory
+from wam_diff_core.constants import EOS_TOKEN, TRAJECTORY_FORMATS
+from wam_diff_core.decoding.constraint import TrajectoryGrammar
 from wam_diff_core.model.processor import VLProcessor
 from wam_diff_core.prompts import sample_to_chat
 
@@ -128,9 +130,11 @@ class DrivingDataset(torch.utils.data.Dataset):
 
     def __init__(self, path: Union[str, Path], processor: VLProcessor, max_prompt_tokens: int = 4096,
                  max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None,
-                 tasks: Optional[Sequence[str]] = None):
+                 tasks: Optional[Sequence[str]] = None, trajectory_format: str = "official"):
         if on_bad_sample not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"on_bad_sample must be one of {BAD_SAMPLE_POLICIES}, got {on_bad_sample!r}")
+        if trajectory_format not in TRAJECTORY_FORMATS:
+            raise ValueError(f"trajectory_format must be one of {TRAJECTORY_FORMATS}, got {trajectory_format!r}")
         self.path = Path(path)
         self.root = self.path.parent
         self.name = name or self.path.stem
@@ -141,10 +145,31 @@ class DrivingDataset(torch.utils.data.Dataset):
         self.stats = DatasetStats()
         self.skipped_ids: list[tuple[str, str]] = []
         self.tasks = [tasks] if isinstance(tasks, str) else (list(tasks) if tasks else None)
+        tok = processor.tokenizer
+        self.eos_id = int(tok.convert_tokens_to_ids(EOS_TOKEN))
+        self.grammar = TrajectoryGrammar(tok, self.eos_id) if trajectory_format == "fixed" else None
         samples = read_samples(self.path)
         if self.tasks is not None:  # one file holding several tasks, mixed by weight per task
             samples = [x for x in samples if isinstance(x, dict) and x.get("task") in self.tasks]
         self.samples = self.scan(samples)
+
+    def _restyle(self, task: str, response: str) -> str:
+        """The planning answer in the fixed style when this dataset asks for it; others unchanged."""
+        if self.grammar is None or task != "planning":
+            return response
+        parsed = parse_trajectory(response)
+        if isinstance(parsed, ParseError):
+            raise DataError(f"unparsable planning answer: {parsed}")
+        try:
+            return format_trajectory(parsed, "fixed")
+        except ValueError as exc:
+            raise DataError(str(exc)) from exc
+
+    def response_ids(self, task: str, response: str) -> list[int]:
+        """Token ids of an answer ending in EOS (a fixed-style trajectory spelled one token per character)."""
+        if self.grammar is not None and task == "planning":
+            return self.grammar.encode(response) + [self.eos_id]
+        return self.processor.tokenizer(response + EOS_TOKEN, add_special_tokens=False)["input_ids"]
 
     def _check(self, sample: dict) -> tuple[str, str, list[Path]]:
         """Cheap checks before training: conversation form, image files, response length."""
@@ -152,6 +177,7 @@ class DrivingDataset(torch.utils.data.Dataset):
             prompt, response = sample_to_chat(sample)
         except ValueError as exc:
             raise DataError(f"bad conversation: {exc}") from exc
+        response = self._restyle(str(sample.get("task", "")), response)
         paths = [self.root / p for p in sample["image"]]
         for p in paths:
             if not p.is_file():
@@ -161,7 +187,7 @@ class DrivingDataset(torch.utils.data.Dataset):
                     img.verify()
             except Exception as exc:
                 raise DataError(f"unreadable image: {p} ({exc})") from exc
-        n = len(self.processor.tokenizer(response + EOS_TOKEN, add_special_tokens=False)["input_ids"])
+        n = len(self.response_ids(str(sample.get("task", "")), response))
         if n > self.max_response_tokens:
             raise DataError(f"response too long: {n} tokens > max_response_tokens {self.max_response_tokens}")
         return prompt, response, paths
@@ -195,7 +221,7 @@ class DrivingDataset(torch.utils.data.Dataset):
         enc = self.processor.encode([prompt], [images] if images else None)
         if enc.input_ids.shape[1] > self.max_prompt_tokens:
             raise DataError(f"prompt too long: {enc.input_ids.shape[1]} tokens > max_prompt_tokens {self.max_prompt_tokens}")
-        resp = self.processor.tokenizer(response + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+        resp = torch.tensor(self.response_ids(task, response), dtype=torch.long)
         return Example(sid, task, enc.input_ids[0], enc.mm_token_type_ids[0], resp, enc.pixel_values,
                        enc.image_grid_thw, response)
 
@@ -291,7 +317,8 @@ class MixSampler:
 
 
 def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_tokens: int, max_response_tokens: int,
-                   on_bad_sample: str, base_dir: Optional[Path] = None) -> MixedDataset:
+                   on_bad_sample: str, base_dir: Optional[Path] = None, trajectory_format: str = "official"
+                   ) -> MixedDataset:
     """Datasets of config entries `{"path": ..., "weight": ..., "task": ...}` (paths relative to `base_dir`;
     `task`, a name or a list, keeps only those samples of the file)."""
     datasets, weights = [], []
@@ -304,6 +331,7 @@ def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_t
         if base_dir is not None and not path.is_absolute():
             path = base_dir / path
         datasets.append(DrivingDataset(path, processor, max_prompt_tokens, max_response_tokens, on_bad_sample,
-                                       name=entry.get("name"), tasks=entry.get("task")))
+                                       name=entry.get("name"), tasks=entry.get("task"),
+                                       trajectory_format=trajectory_format))
         weights.append(float(entry.get("weight", 1.0)))
     return MixedDataset(datasets, weights)

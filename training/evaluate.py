@@ -17,6 +17,7 @@ import torch
 from wam_diff_core.codec import ParseError, parse_trajectory
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.decoding.constraint import planning_constraint
 from wam_diff_core.eval.l2 import l2_report
 from wam_diff_core.model.checkpoint import pad_token_id
 from wam_diff_core.model.processor import PromptBatch
@@ -65,7 +66,9 @@ def evaluate(model, processor, settings, examples: Sequence[Example], block_size
         chunk = list(examples[start:start + batch_size])
         batch = prompt_batch(chunk, pad_id).to(device)
         t0 = time.perf_counter()
-        res = generate(runner, batch, cfg, settings.mask_token_id, eos)
+        grammar = planning_constraint(processor.tokenizer, settings, [x.task for x in chunk],
+                                      cfg.num_blocks * cfg.block_size, runner.vocab_size, device)
+        res = generate(runner, batch, cfg, settings.mask_token_id, eos, grammar)
         seconds += time.perf_counter() - t0
         produced += res.tokens
         fpt_sum += res.forwards_per_token * len(chunk)

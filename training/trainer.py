@@ -12,6 +12,7 @@ stream and the per-step noise exactly where they were (both depend only on the s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -232,6 +233,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     loaded = _load_init(str(resume_dir / MODEL_DIR) if resuming else stage.init, tc.seed, device)
     if loaded.processor is None:
         raise ConfigError(f"{stage.init}: a preset without a tokenizer cannot be trained; use nano or a checkpoint")
+    dc = cfg.data
+    style = dc.trajectory_format or loaded.settings.trajectory_format
+    loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, trajectory_format=style))
     model = loaded.model
     use_backend(model, tc.backend)
     model.train()
@@ -249,9 +253,12 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         stage.teacher_block_size = teacher_B  # recorded in run_config.json as used
         if t_loaded.settings.mask_token_id != mask_id:
             raise ConfigError(f"teacher mask token id {t_loaded.settings.mask_token_id} differs from the student's {mask_id}")
+        if t_loaded.settings.trajectory_format != style:
+            raise ConfigError(f"teacher {stage.teacher} answers planning in the {t_loaded.settings.trajectory_format!r} "
+                              f"trajectory style, the student trains on {style!r}")
 
-    dc = cfg.data
-    dataset = build_datasets(dc.train, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, dc.on_bad_sample)
+    dataset = build_datasets(dc.train, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, dc.on_bad_sample,
+                             trajectory_format=style)
     scan_skipped = dataset.skipped()
     sampler = MixSampler(dataset.sizes, dataset.weights, tc.batch_size, tc.seed, dc.epoch_size, ctx.rank, ctx.world)
     steps_total = tc.max_steps or max(1, math.ceil(tc.epochs * sampler.batches_per_epoch / tc.grad_accum))
@@ -384,7 +391,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                    "skipped_scan": scan_skipped, "skipped_runtime": skipped_runtime}
         if cfg.eval.enabled and dc.val:
             ec = cfg.eval
-            val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip")
+            val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip",
+                                 trajectory_format=style)
             eval_model = load(final_dir, device=device).model if sharded else model
             use_backend(eval_model, tc.backend)
             metrics = evaluate(eval_model, loaded.processor, loaded.settings, spaced_examples(val, ec.max_samples),

@@ -14,7 +14,14 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from .constants import BOX_SCALE, EOS_TOKEN, NUM_WAYPOINTS, TRAJECTORY_DECIMALS
+from .constants import (
+    BOX_SCALE,
+    EOS_TOKEN,
+    NUM_WAYPOINTS,
+    TRAJECTORY_DECIMALS,
+    TRAJECTORY_FIXED_INT_DIGITS,
+    TRAJECTORY_FORMATS,
+)
 from .types import Detection
 
 # Physical plausibility: 4 s at 50 m/s is 200 m; anything farther is model garbage.
@@ -68,18 +75,48 @@ def _clean(text: object) -> Union[str, ParseError]:
 # Trajectory: "x1,y1,...,x8,y8", metres, ego frame, two decimals.
 
 
-def format_trajectory(trajectory: np.ndarray) -> str:
-    """(NUM_WAYPOINTS, 2) metres in the ego frame -> "x1,y1,...,x8,y8" with two decimals, no spaces.
-
-    Raises ValueError for a wrong shape or non-finite values.
-    """
+def _check_trajectory(trajectory: np.ndarray) -> np.ndarray:
     arr = np.asarray(trajectory, dtype=np.float64)
     if arr.shape != (NUM_WAYPOINTS, 2):
         raise ValueError(f"trajectory must have shape ({NUM_WAYPOINTS}, 2), got {arr.shape}")
     if not np.isfinite(arr).all():
         raise ValueError(f"trajectory must be finite, got {arr.tolist()}")
     # "+ 0.0" turns -0.0 into 0.0 so that tiny negatives never print as "-0.00".
-    return ",".join(f"{round(float(v), TRAJECTORY_DECIMALS) + 0.0:.{TRAJECTORY_DECIMALS}f}" for v in arr.reshape(-1))
+    return np.round(arr, TRAJECTORY_DECIMALS) + 0.0
+
+
+# The fixed style: every number is sign, TRAJECTORY_FIXED_INT_DIGITS digits, ".", the decimals; the
+# leading digit is 0 or 1 so that every fixed-style text stays inside the parser's 200 m range.
+FIXED_NUMBER_WIDTH = 1 + TRAJECTORY_FIXED_INT_DIGITS + 1 + TRAJECTORY_DECIMALS
+FIXED_TRAJECTORY_CHARS = 2 * NUM_WAYPOINTS * (FIXED_NUMBER_WIDTH + 1) - 1
+_DIGITS = "0123456789"
+_FIXED_NUMBER_SLOTS = ("+-", "01") + (_DIGITS,) * (TRAJECTORY_FIXED_INT_DIGITS - 1) + (".",) + (_DIGITS,) * TRAJECTORY_DECIMALS
+
+
+def fixed_trajectory_slots() -> tuple[str, ...]:
+    """The characters allowed at each of the FIXED_TRAJECTORY_CHARS positions of a fixed-style trajectory."""
+    number = list(_FIXED_NUMBER_SLOTS)
+    return tuple((number + [","]) * (2 * NUM_WAYPOINTS - 1) + number)
+
+
+def format_trajectory(trajectory: np.ndarray, style: str = "official") -> str:
+    """(NUM_WAYPOINTS, 2) metres in the ego frame -> "x1,y1,...,x8,y8" with two decimals, no spaces.
+
+    style "official": numbers as short as they print ("12.34,-0.5" is "12.34,-0.50"); style "fixed": every
+    number FIXED_NUMBER_WIDTH characters ("+012.34,-000.50"), |value| < 200 m. Both parse with
+    parse_trajectory. Raises ValueError for a wrong shape, non-finite values, an unknown style, or a fixed
+    value outside the style's range.
+    """
+    if style not in TRAJECTORY_FORMATS:
+        raise ValueError(f"trajectory style {style!r} not in {TRAJECTORY_FORMATS}")
+    arr = _check_trajectory(trajectory)
+    if style == "official":
+        return ",".join(f"{v:.{TRAJECTORY_DECIMALS}f}" for v in arr.reshape(-1))
+    limit = 2 * 10 ** (TRAJECTORY_FIXED_INT_DIGITS - 1)
+    worst = float(np.abs(arr).max())
+    if worst >= limit:
+        raise ValueError(f"fixed trajectory style holds |value| < {limit} m, got {worst:.2f} m")
+    return ",".join(f"{v:+0{FIXED_NUMBER_WIDTH}.{TRAJECTORY_DECIMALS}f}" for v in arr.reshape(-1))
 
 
 def _parse_number(token: str, index: int, is_last: bool) -> Union[float, ParseError]:

@@ -5,6 +5,11 @@ NUM_WAYPOINTS = 8
 WAYPOINT_DT_S = 0.5
 HORIZON_S = NUM_WAYPOINTS * WAYPOINT_DT_S
 TRAJECTORY_DECIMALS = 2
+# Trajectory text styles: "official" is WAM-Diff2's "x1,y1,...", numbers as short as they print;
+# "fixed" prints every number as sign + TRAJECTORY_FIXED_INT_DIGITS integer digits + decimals
+# ("+012.34"), spelled one character per token, so each answer position has one role (see codec).
+TRAJECTORY_FORMATS = ("official", "fixed")
+TRAJECTORY_FIXED_INT_DIGITS = 3
 
 # Qwen3-VL grounding boxes are relative to the image on a 0..BOX_SCALE scale.
 BOX_SCALE = 1000

@@ -19,6 +19,7 @@ from .codec import ParseError, parse_answer, parse_detections, parse_trajectory
 from .constants import TASKS
 from .decoding.block_diffusion import generate
 from .decoding.config import DecoderConfig
+from .decoding.constraint import planning_constraint
 from .model.checkpoint import LoadedModel, load
 from .model.processor import check_image
 from .model.runner import ModelRunner
@@ -99,10 +100,14 @@ class DrivingPolicy:
     def processor(self):
         return self.loaded.processor
 
-    def _decode(self, prompts: list[str], images: list[np.ndarray], cfg: DecoderConfig):
+    def _decode(self, prompts: list[str], images: list[np.ndarray], cfg: DecoderConfig, tasks: Sequence[str]):
+        """Decode one answer per prompt; row i answers tasks[i] (planning rows under the checkpoint's
+        trajectory grammar when it has one)."""
         batch = self.processor.encode(prompts, [images] * len(prompts)).to(self.device)
         settings = self.loaded.settings
-        result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id)
+        grammar = planning_constraint(self.processor.tokenizer, settings, tasks, cfg.num_blocks * cfg.block_size,
+                                      self.runner.vocab_size, self.device)
+        result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
         texts = [self.processor.decode(ids) for ids in result.token_ids]
         return result, texts
 
@@ -119,7 +124,7 @@ class DrivingPolicy:
         text_for = {"planning": planning_prompt(ego_state, command), "detection": detection_prompt()}
         prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
         cfg = self.config.decoder(tasks)
-        result, texts = self._decode(prompts, images, cfg)
+        result, texts = self._decode(prompts, images, cfg, tasks)
         plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(tasks, texts)))
         for task, text, finished in zip(tasks, texts, result.finished):
             if not finished:
@@ -149,7 +154,7 @@ class DrivingPolicy:
         start = time.perf_counter()
         cfg = self.config.decoder(("planning",))
         cfg = replace(cfg, max_new_tokens=self.config.max_new_tokens or TASK_BUDGET["qa"])
-        result, texts = self._decode([prompt], images, cfg)
+        result, texts = self._decode([prompt], images, cfg, ("qa",))
         parsed = parse_answer(texts[0])
         text = "" if isinstance(parsed, ParseError) else parsed
         return Answer(question=question, text=text, raw_text=texts[0],

@@ -59,12 +59,14 @@ class Report:
         return self._loaded[entry.name]
 
     def examples(self, task: str, loaded: LoadedModel):
-        """The same samples for every model (encoded once; models of a report share the processor)."""
+        """The same samples for every model (encoded once per trajectory style; models of a report share
+        the processor)."""
         from .open_loop import load_split
 
-        if task not in self._examples:
-            self._examples[task] = load_split(self.spec.data[task], loaded, task, self.spec.samples[task])
-        return self._examples[task]
+        key = (task, loaded.settings.trajectory_format)
+        if key not in self._examples:
+            self._examples[key] = load_split(self.spec.data[task], loaded, task, self.spec.samples[task])
+        return self._examples[key]
 
     def _cached(self, path: Path):
         if self.resume and path.is_file():

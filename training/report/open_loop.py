@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.decoding.constraint import planning_constraint
 from wam_diff_core.eval.score_cli import score_open_loop
 from wam_diff_core.model.checkpoint import LoadedModel
 from wam_diff_core.model.runner import ModelRunner
@@ -50,7 +51,8 @@ class Decoded:
 
 def load_split(path: str | Path, loaded: LoadedModel, task: str, limit: int) -> list[Example]:
     """`limit` evenly spaced usable samples of `task` in a split file (skips counted by the dataset)."""
-    ds = DrivingDataset(path, loaded.processor, 1 << 16, 1 << 16, "skip", tasks=[task])
+    ds = DrivingDataset(path, loaded.processor, 1 << 16, 1 << 16, "skip", tasks=[task],
+                        trajectory_format=loaded.settings.trajectory_format)
     if len(ds) == 0:
         raise ValueError(f"{path}: no usable {task!r} samples (skipped: {ds.stats.skipped})")
     return spaced_examples(ds, limit)
@@ -66,7 +68,9 @@ def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: Decod
     for x in tqdm(examples, desc=desc, unit="sample", disable=not progress, leave=False):
         batch = prompt_batch([x], pad_id).to(runner.device)
         t0 = time.perf_counter()
-        res = generate(runner, batch, cfg, settings.mask_token_id, settings.eos_token_id)
+        grammar = planning_constraint(processor.tokenizer, settings, [x.task], cfg.num_blocks * cfg.block_size,
+                                      runner.vocab_size, runner.device)
+        res = generate(runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
         seconds += time.perf_counter() - t0
         tokens += res.tokens
         forwards += res.forwards

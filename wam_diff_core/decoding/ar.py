@@ -10,12 +10,13 @@ import torch
 from ..attention.block_mask import CLEAN
 from ..model.processor import PromptBatch
 from ..model.runner import ModelRunner
+from .constraint import TokenConstraint
 from .result import DecodeResult, PhaseClock, trim_at_eos
 
 
 @torch.inference_mode()
 def generate_ar(runner: ModelRunner, batch: PromptBatch, max_new_tokens: int, eos_id: int,
-                ignore_eos: bool = False) -> DecodeResult:
+                ignore_eos: bool = False, constraint: TokenConstraint | None = None) -> DecodeResult:
     device = runner.device
     b, prompt_len = batch.input_ids.shape
     padded = not bool(batch.attention_mask.all())
@@ -30,6 +31,8 @@ def generate_ar(runner: ModelRunner, batch: PromptBatch, max_new_tokens: int, eo
     done = torch.zeros(b, dtype=torch.bool, device=device)
     kind = torch.full((b, 1), CLEAN, dtype=torch.long, device=device)
     for t in range(max_new_tokens):
+        if constraint is not None:
+            logits = constraint.apply(logits[:, None], t)[:, 0]
         token = logits.argmax(dim=-1)
         out[:, t] = token
         if not ignore_eos:

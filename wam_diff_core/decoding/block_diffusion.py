@@ -18,6 +18,7 @@ from ..attention.block_mask import CLEAN, NOISY
 from ..model.processor import PromptBatch
 from ..model.runner import ModelRunner
 from .config import DecoderConfig
+from .constraint import TokenConstraint
 from .remasking import commit_mask, predict, step_count
 from .result import DecodeResult, PhaseClock, trim_at_eos
 
@@ -40,12 +41,14 @@ def _settled(x: torch.Tensor, masked: torch.Tensor, done: torch.Tensor, eos_id: 
 
 
 @torch.inference_mode()
-def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int) -> DecodeResult:
+def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int,
+             constraint: TokenConstraint | None = None) -> DecodeResult:
     """Decode answers for a batch of prompts (on the runner's device).
 
     With CUDA graphs or the FlashInfer backend the capture-ready static path in `kernels` decodes
-    (same tokens; it hands B = 1 back here with graphs off)."""
-    if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
+    (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
+    masks the logits of every step; constrained batches decode on this eager path."""
+    if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1 and constraint is None:
         from kernels.graph_runner import generate_static
 
         return generate_static(runner, batch, cfg, mask_id, eos_id)
@@ -94,6 +97,8 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
             # token 0 of the block is predicted by the previous block's last logit, token i > 0 by
             # block position i - 1; one predict call keeps the sampling noise in block order
             logits = prev_logits[:, None] if h is None else torch.cat([prev_logits[:, None], runner.logits(h[:, : B - 1])], 1)
+            if constraint is not None:
+                logits = constraint.apply(logits, j * B)
             pred, conf = predict(logits, cfg.temperature, generator)
             commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s)
             x = torch.where(commit, pred, x)

@@ -87,6 +87,11 @@ class ModelRunner:
         self.forwards += 1
         return self.text.norm(h)
 
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits (the output embedding's rows; may exceed the tokenizer's length)."""
+        return int(self.lm_head.weight.shape[0])
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 

@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..constants import MASK_TOKEN, WAM_DIFF_CONFIG_NAME
+from ..constants import MASK_TOKEN, TRAJECTORY_FORMATS, WAM_DIFF_CONFIG_NAME
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 
@@ -27,12 +27,14 @@ def steps_for_block(block_size: int, steps: int) -> int:
 @dataclass(frozen=True)
 class WamDiffSettings:
     """mask_token_id / eos_token_id: ids in this checkpoint's vocabulary; trained_block_size: the block
-    size the weights were trained for (1 = a plain autoregressive model)."""
+    size the weights were trained for (1 = a plain autoregressive model); trajectory_format: the codec
+    style its planning answers were trained in ("fixed": decoded under the trajectory grammar)."""
 
     mask_token_id: int
     eos_token_id: int
     mask_token: str = MASK_TOKEN
     trained_block_size: int = 1
+    trajectory_format: str = "official"
     decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
 
     def for_block_size(self, block_size: int) -> "WamDiffSettings":
@@ -59,6 +61,8 @@ class WamDiffSettings:
             raise ValueError(f"{path}: not a valid {WAM_DIFF_CONFIG_NAME} ({exc})") from exc
         if settings.decoding.strategy not in STRATEGIES:
             raise ValueError(f"{path}: decoding.strategy {settings.decoding.strategy!r} not in {STRATEGIES}")
+        if settings.trajectory_format not in TRAJECTORY_FORMATS:
+            raise ValueError(f"{path}: trajectory_format {settings.trajectory_format!r} not in {TRAJECTORY_FORMATS}")
         if settings.trained_block_size < 1:
             raise ValueError(f"{path}: trained_block_size must be >= 1, got {settings.trained_block_size}")
         return settings

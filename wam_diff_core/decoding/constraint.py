@@ -1,0 +1,94 @@
+"""Per-position token constraints on decoded answers, and the fixed-style trajectory grammar.
+
+A fixed-style trajectory (``codec.format_trajectory(style="fixed")``) is spelled one character per
+token, so answer position p may only hold the characters ``fixed_trajectory_slots()[p]`` allows and
+position FIXED_TRAJECTORY_CHARS holds EOS. Under block diffusion the positions of a block are
+committed in confidence order, not left to right; a mask that depends only on the position is what
+parallel commits can honour. The decoders apply it to the logits before every commit decision, on
+the device, to the rows that answer the planning task: every constrained answer parses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Sequence
+
+import torch
+
+from ..codec import FIXED_TRAJECTORY_CHARS, fixed_trajectory_slots
+from ..constants import EOS_TOKEN
+
+
+@dataclass(frozen=True)
+class TokenConstraint:
+    """allowed: (length, vocab) bool, the tokens answer position p may hold; rows: (batch,) bool, the
+    batch rows it applies to (the others decode unconstrained)."""
+
+    allowed: torch.Tensor
+    rows: torch.Tensor
+
+    def apply(self, logits: torch.Tensor, start: int) -> torch.Tensor:
+        """logits (batch, n, vocab) predicting answer positions start .. start + n - 1 -> the same
+        logits with disallowed tokens at -inf in the constrained rows."""
+        n = logits.shape[1]
+        if start + n > self.allowed.shape[0]:
+            raise ValueError(f"constraint covers {self.allowed.shape[0]} answer positions, decoding needs {start + n}")
+        if logits.shape[-1] != self.allowed.shape[1]:
+            raise ValueError(f"constraint vocabulary {self.allowed.shape[1]} != logits vocabulary {logits.shape[-1]}")
+        banned = ~self.allowed[start:start + n]
+        return logits.masked_fill(banned[None] & self.rows[:, None, None], float("-inf"))
+
+
+class TrajectoryGrammar:
+    """The fixed trajectory style in a tokenizer's ids: each character one token, EOS after the last.
+
+    Raises ValueError when the tokenizer cannot spell a character of the style as one token (the
+    style then does not apply to that checkpoint)."""
+
+    def __init__(self, tokenizer, eos_id: int):
+        self.eos_id = int(eos_id)
+        self.char_ids: dict[str, int] = {}
+        for char in sorted(set("".join(fixed_trajectory_slots()))):
+            ids = tokenizer(char, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                raise ValueError(f"the tokenizer spells {char!r} as {len(ids)} tokens {ids}; the fixed trajectory "
+                                 "style needs one token per character")
+            self.char_ids[char] = int(ids[0])
+
+    def encode(self, text: str) -> list[int]:
+        """A fixed-style trajectory -> its token ids (one per character, no EOS)."""
+        try:
+            return [self.char_ids[c] for c in text]
+        except KeyError as exc:
+            raise ValueError(f"{exc.args[0]!r} in {text[:40]!r} is not a fixed-style trajectory character") from None
+
+    def allowed(self, length: int, vocab_size: int, device=None) -> torch.Tensor:
+        """(length, vocab_size) bool: the slot characters, EOS at FIXED_TRAJECTORY_CHARS and after."""
+        if vocab_size <= max(max(self.char_ids.values()), self.eos_id):
+            raise ValueError(f"vocab_size {vocab_size} does not hold the grammar's token ids")
+        table = torch.zeros(length, vocab_size, dtype=torch.bool)
+        for p, chars in enumerate(fixed_trajectory_slots()[:length]):
+            table[p, [self.char_ids[c] for c in chars]] = True
+        table[FIXED_TRAJECTORY_CHARS:, self.eos_id] = True
+        return table.to(device)
+
+    def constraint(self, rows: torch.Tensor, length: int, vocab_size: int) -> TokenConstraint:
+        """The grammar over `length` answer positions for the rows where `rows` (batch,) is True."""
+        return TokenConstraint(self.allowed(length, vocab_size, rows.device), rows.bool())
+
+
+@lru_cache(maxsize=8)
+def _grammar_table(tokenizer, eos_id: int, length: int, vocab_size: int, device: str) -> torch.Tensor:
+    return TrajectoryGrammar(tokenizer, eos_id).allowed(length, vocab_size, device)
+
+
+def planning_constraint(tokenizer, settings, tasks: Sequence[str], length: int, vocab_size: int,
+                        device) -> Optional[TokenConstraint]:
+    """The trajectory grammar for the planning rows of a batch whose row i answers `tasks[i]`, when the
+    checkpoint's `settings.trajectory_format` is "fixed"; None otherwise (nothing to constrain)."""
+    if settings.trajectory_format != "fixed" or "planning" not in tasks:
+        return None
+    eos_id = int(tokenizer.convert_tokens_to_ids(EOS_TOKEN))
+    allowed = _grammar_table(tokenizer, eos_id, length, vocab_size, str(device))
+    rows = torch.tensor([t == "planning" for t in tasks], dtype=torch.bool, device=device)
+    return TokenConstraint(allowed, rows)
