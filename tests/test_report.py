@@ -141,6 +141,7 @@ def test_bad_specs_name_the_key(setup, tmp_path):
         ({**spec, "closed_loop": {"frame_size": "big"}}, "closed_loop.frame_size"),
         ({**spec, "samples": {"planing": 3}}, "samples"),
         ({**spec, "baselines": ["human"]}, "baselines"),
+        ({**spec, "models": [{"name": "x", "path": "p", "grammar": False}]}, r"models\[0\]: grammar: false is an open-loop"),
     ]
     for raw, fragment in cases:
         with pytest.raises(SpecError, match=fragment):

@@ -12,6 +12,7 @@ interrupted report continues with --resume.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import time
@@ -55,7 +56,11 @@ class Report:
     # ------------------------------------------------------------ helpers
     def loaded(self, entry: ModelEntry) -> LoadedModel:
         if entry.name not in self._loaded:
-            self._loaded[entry.name] = load(entry.path)
+            loaded = load(entry.path)
+            if not entry.grammar:  # decode as an unconstrained ("official") checkpoint
+                loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings,
+                                                                                  trajectory_format="official"))
+            self._loaded[entry.name] = loaded
         return self._loaded[entry.name]
 
     def examples(self, task: str, loaded: LoadedModel):

@@ -8,6 +8,8 @@
     models:
       - {name: nano-S AR, path: runs/.../model}                    block size: the checkpoint's own
       - {name: nano-S B32, path: ..., block_size: 32, teacher: nano-L B32, closed_loop: true}
+      - {name: ... without grammar, path: ..., grammar: false, closed_loop: false}   a fixed-style
+        checkpoint decoded without its trajectory grammar (an ablation; open loop only)
     sweeps:
       steps:       {model: nano-S B32, values: [2, 4, 8, 16, 32]}   quality against denoising steps
       block_size:  {model: nano-S B32, values: [1, 4, 8, 16, 32]}   tokens/s against block size
@@ -42,6 +44,7 @@ class ModelEntry:
     block_size: Optional[int] = None  # None: the checkpoint's trained block size
     teacher: Optional[str] = None  # name of another entry: top-5 agreement with it
     closed_loop: bool = True
+    grammar: bool = True  # False: a fixed-style checkpoint decodes without its trajectory grammar
 
     @property
     def slug(self) -> str:
@@ -154,13 +157,16 @@ def parse_spec(raw) -> ReportSpec:
     models = []
     for i, m in enumerate(entries):
         m = _mapping(m, f"models[{i}]")
-        _only(m, ("name", "path", "block_size", "teacher", "closed_loop"), f"models[{i}]")
+        _only(m, ("name", "path", "block_size", "teacher", "closed_loop", "grammar"), f"models[{i}]")
         if not m.get("name") or not m.get("path"):
             raise SpecError(f"models[{i}]: needs a name and a path, got {m!r}")
         if m.get("block_size") is not None:
             _positive_int(m["block_size"], f"models[{i}].block_size")
         models.append(ModelEntry(name=str(m["name"]), path=str(m["path"]), block_size=m.get("block_size"),
-                                 teacher=m.get("teacher"), closed_loop=bool(m.get("closed_loop", True))))
+                                 teacher=m.get("teacher"), closed_loop=bool(m.get("closed_loop", True)),
+                                 grammar=bool(m.get("grammar", True))))
+        if not models[-1].grammar and models[-1].closed_loop:
+            raise SpecError(f"models[{i}]: grammar: false is an open-loop ablation; add closed_loop: false")
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise SpecError(f"models: names must be unique, got {names}")
