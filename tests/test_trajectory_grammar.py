@@ -162,3 +162,16 @@ def test_fixed_style_dataset_and_training_run_record_the_format(nano, tmp_path, 
     assert main(["distill", "--student", str(out / "ar" / "model"), "--teacher", str(init), "--block-size", "4",
                  "--max-steps", "1", *args]) != 0
     assert "answers planning in the 'official' trajectory style, the student trains on 'fixed'" in capsys.readouterr().err
+
+
+def test_constrained_batches_requesting_the_static_path_warn_and_decode_eagerly_with_the_same_tokens(nano, camera_image):
+    runner = ModelRunner(nano.model, "sdpa")
+    batch = nano.processor.encode([chat_prompt(planning_prompt(EgoState(vx=12.0), "follow lane"), 1)], [[camera_image]])
+    grammar = planning_constraint(nano.processor.tokenizer, _fixed(nano).settings, ["planning"], 128, runner.vocab_size, "cpu")
+    ids = nano.settings.mask_token_id, nano.settings.eos_token_id
+    eager = generate(runner, batch, DecoderConfig(block_size=32, steps=4, max_new_tokens=128), *ids, grammar)
+    with pytest.warns(RuntimeWarning, match="eager path"):
+        graphs = generate(runner, batch, DecoderConfig(block_size=32, steps=4, max_new_tokens=128, cuda_graphs=True),
+                          *ids, grammar)
+    assert graphs.token_ids == eager.token_ids
+    assert not isinstance(parse_trajectory(nano.processor.decode(eager.token_ids[0])), ParseError)
