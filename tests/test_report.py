@@ -129,6 +129,14 @@ def test_resume_reuses_cached_model_results(setup):
                           "--no-closed-loop", "--resume"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["models"][0]["open_loop"]["qa"]["tokens_per_s"] == 12345.0
+    # the spec later names a teacher for the cached model: resume adds the agreement, keeps the rest
+    taught = {**small, "models": [{**spec["models"][0], "teacher": "teacher B4"}, spec["models"][1]]}
+    spec_path.write_text(yaml.safe_dump(taught))
+    assert wam_diff_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
+                          "--no-closed-loop", "--resume"]) == 0
+    doc = json.loads(cached.read_text())
+    assert doc["open_loop"]["qa"]["tokens_per_s"] == 12345.0
+    assert doc["agreement"]["teacher"] == "teacher B4" and 0.0 <= doc["agreement"]["top5"] <= 1.0
 
 
 def test_bad_specs_name_the_key(setup, tmp_path):

@@ -100,6 +100,11 @@ class Report:
                 result["agreement"] = self.agreement(entry, loaded, B)
             self._write(path, result)
             cached = result
+        elif entry.teacher and (cached.get("agreement") or {}).get("teacher") != entry.teacher:
+            # a cached result whose spec entry has gained (or changed) its teacher since
+            loaded = self.loaded(entry)
+            cached["agreement"] = self.agreement(entry, loaded, block_size_of(entry, loaded))
+            self._write(path, cached)
         if self.closed_loop and entry.closed_loop and "closed_loop" not in cached:
             cached["closed_loop"] = self.drive(entry.path, entry.slug, cached["block_size"])
             self._write(path, cached)
