@@ -32,6 +32,7 @@ import torch
 
 from wam_diff_core.decoding.block_diffusion import generate as generate_eager
 from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.decoding.constraint import TokenConstraint
 from wam_diff_core.decoding.remasking import step_count
 from wam_diff_core.decoding.result import DecodeResult, PhaseClock, trim_at_eos
 from wam_diff_core.model.processor import PromptBatch
@@ -55,6 +56,7 @@ class Bucket:
     strategy: str
     threshold: float
     temperature: float
+    constrained: bool = False  # logits masked per position (the trajectory grammar) before each commit
 
 
 class BlockState:
@@ -74,6 +76,8 @@ class BlockState:
         self.plain_limits = torch.full((B,), B, dtype=torch.long, device=dev)
         self.fused_limits = torch.cat([torch.full((B,), B), torch.full((B,), 2 * B)]).to(dev)
         self.offsets = torch.arange(B, device=dev)
+        # tokens each block position may not hold, refreshed in place before every block
+        self.banned = torch.zeros((b, B, weight.shape[0]), dtype=torch.bool, device=dev) if bucket.constrained else None
 
 
 def forward_static(runner: ModelRunner, tokens: torch.Tensor, rope, cache: StaticKVCache,
@@ -110,6 +114,8 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
         else:
             h = forward_static(runner, st.x, rope, cache, cache.begin(st.plain_limits, plans[0]))
         logits = block_logits(st.prev_logits, runner.logits(h[:, : B - 1]))
+        if st.banned is not None:
+            logits = logits.masked_fill(st.banned, float("-inf"))
         x, masked = remask_step(logits, st.x, st.masked, bucket.strategy, bucket.threshold, K, s,
                                 bucket.temperature, generator)
         st.x.copy_(x)
@@ -199,15 +205,16 @@ class GraphRunner:
         self.captures = 0  # buckets captured (each: a first-block and a later-block graph)
         self.replays = 0
 
-    def bucket_for(self, batch: int, cfg: DecoderConfig, need: int) -> _BucketRun:
+    def bucket_for(self, batch: int, cfg: DecoderConfig, need: int, constrained: bool = False) -> _BucketRun:
         K = step_count(cfg.block_size, cfg.steps)
+        want = (batch, cfg.block_size, K, cfg.strategy, cfg.threshold, cfg.temperature, constrained)
         same = [r for key, r in self.buckets.items()
-                if (key.batch, key.block_size, key.steps, key.strategy, key.threshold, key.temperature)
-                == (batch, cfg.block_size, K, cfg.strategy, cfg.threshold, cfg.temperature) and key.capacity >= need]
+                if (key.batch, key.block_size, key.steps, key.strategy, key.threshold, key.temperature,
+                    key.constrained) == want and key.capacity >= need]
         if same:
             return min(same, key=lambda r: r.bucket.capacity)
         capacity = -(-need // CAPACITY_ROUND) * CAPACITY_ROUND
-        bucket = Bucket(batch, cfg.block_size, K, capacity, cfg.strategy, cfg.threshold, cfg.temperature)
+        bucket = Bucket(batch, cfg.block_size, K, capacity, cfg.strategy, cfg.threshold, cfg.temperature, constrained)
         if self.cuda_graphs and cfg.temperature > 0:
             raise ValueError("captured decoding is greedy only (temperature 0); sampling runs with cuda_graphs off")
         run = _BucketRun(self, bucket)
@@ -217,18 +224,21 @@ class GraphRunner:
         return run
 
     @torch.inference_mode()
-    def generate(self, batch: PromptBatch, cfg: DecoderConfig, eos_id: int) -> DecodeResult:
+    def generate(self, batch: PromptBatch, cfg: DecoderConfig, eos_id: int,
+                 constraint: Optional[TokenConstraint] = None) -> DecodeResult:
         """Decode a batch of left-padded prompts; same result fields as the reference decoder. B = 1
-        (autoregressive) is delegated to the reference decoder."""
+        (autoregressive) is delegated to the reference decoder. `constraint`: the per-position token
+        mask (trajectory grammar), copied into the bucket's static buffer before each block."""
         runner = self.runner
         if cfg.block_size == 1:  # plain (not fast-path) settings, so a dispatching caller cannot loop back here
-            return generate_eager(runner, batch, replace(cfg, backend="sdpa", cuda_graphs=False), self.mask_id, eos_id)
+            return generate_eager(runner, batch, replace(cfg, backend="sdpa", cuda_graphs=False), self.mask_id, eos_id,
+                                  constraint)
         device = runner.device
         b, prompt_len = batch.input_ids.shape
         B, n_blocks = cfg.block_size, cfg.num_blocks
         pads = (prompt_len - batch.attention_mask.sum(dim=1)).tolist()  # host ints, once per request
         clock = PhaseClock(device)
-        run = self.bucket_for(b, cfg, prompt_len + (n_blocks + 1) * B)
+        run = self.bucket_for(b, cfg, prompt_len + (n_blocks + 1) * B, constraint is not None)
         st = run.state
         clock.lap("capture")
 
@@ -248,6 +258,8 @@ class GraphRunner:
         for j in range(n_blocks):
             if j > 0:
                 st.pos.add_(B)
+            if constraint is not None:
+                st.banned.copy_(constraint.banned(j * B, B, st.banned.shape[-1]))
             run.block(j > 0, lens_host, generator)
             if j > 0:
                 lens_host = [n + B for n in lens_host]
@@ -268,7 +280,7 @@ _RUNNERS: dict[tuple[int, str, bool, int], GraphRunner] = {}
 
 
 def generate_static(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int,
-                    eos_id: int) -> DecodeResult:
+                    eos_id: int, constraint: Optional[TokenConstraint] = None) -> DecodeResult:
     """Drop-in for the reference `generate` honouring `cfg.backend` ("sdpa" or "flashinfer" attention;
     "flex" runs the static path with SDPA) and `cfg.cuda_graphs`. Keeps one GraphRunner (and so its
     buckets and graphs) per (runner, attention, graphs, mask id)."""
@@ -277,4 +289,4 @@ def generate_static(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
     graph_runner = _RUNNERS.get(key)
     if graph_runner is None or graph_runner.runner is not runner:
         graph_runner = _RUNNERS[key] = GraphRunner(runner, mask_id, attention, cfg.cuda_graphs)
-    return graph_runner.generate(batch, cfg, eos_id)
+    return graph_runner.generate(batch, cfg, eos_id, constraint)

@@ -26,7 +26,7 @@ from wam_diff_core.model.checkpoint import LoadedModel, save_model
 from wam_diff_core.model.runner import ModelRunner
 from wam_diff_core.model.settings import WamDiffSettings
 from wam_diff_core.policy import DrivingPolicy, PolicyConfig
-from wam_diff_core.prompts import chat_prompt, planning_prompt
+from wam_diff_core.prompts import chat_prompt, detection_prompt, planning_prompt
 from wam_diff_core.types import EgoState
 
 TRAJ = np.array([[3.14159, -0.004], [6.5, 0.25], [9.99, -1.5], [13.0, 2.0],
@@ -164,14 +164,19 @@ def test_fixed_style_dataset_and_training_run_record_the_format(nano, tmp_path, 
     assert "answers planning in the 'official' trajectory style, the student trains on 'fixed'" in capsys.readouterr().err
 
 
-def test_constrained_batches_requesting_the_static_path_warn_and_decode_eagerly_with_the_same_tokens(nano, camera_image):
+@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic"])
+def test_the_static_decode_path_applies_the_grammar_with_the_same_tokens_as_the_eager_path(nano, camera_image, strategy):
     runner = ModelRunner(nano.model, "sdpa")
-    batch = nano.processor.encode([chat_prompt(planning_prompt(EgoState(vx=12.0), "follow lane"), 1)], [[camera_image]])
-    grammar = planning_constraint(nano.processor.tokenizer, _fixed(nano).settings, ["planning"], 128, runner.vocab_size, "cpu")
+    prompts = [chat_prompt(planning_prompt(EgoState(vx=12.0), "follow lane"), 1),
+               chat_prompt(detection_prompt(), 1)]
+    batch = nano.processor.encode(prompts, [[camera_image]] * 2)
+    grammar = planning_constraint(nano.processor.tokenizer, _fixed(nano).settings, ["planning", "detection"], 128,
+                                  runner.vocab_size, "cpu")
     ids = nano.settings.mask_token_id, nano.settings.eos_token_id
-    eager = generate(runner, batch, DecoderConfig(block_size=32, steps=4, max_new_tokens=128), *ids, grammar)
-    with pytest.warns(RuntimeWarning, match="eager path"):
-        graphs = generate(runner, batch, DecoderConfig(block_size=32, steps=4, max_new_tokens=128, cuda_graphs=True),
-                          *ids, grammar)
-    assert graphs.token_ids == eager.token_ids
+    cfg = DecoderConfig(block_size=32, steps=4, max_new_tokens=128, strategy=strategy)
+    eager = generate(runner, batch, cfg, *ids, grammar)
+    static = generate(runner, batch, dataclasses.replace(cfg, cuda_graphs=True), *ids, grammar)  # CPU: no capture
+    assert static.token_ids == eager.token_ids
     assert not isinstance(parse_trajectory(nano.processor.decode(eager.token_ids[0])), ParseError)
+    free = generate(runner, batch, dataclasses.replace(cfg, cuda_graphs=True), *ids)  # an unconstrained bucket
+    assert free.token_ids != static.token_ids

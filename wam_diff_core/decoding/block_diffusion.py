@@ -12,8 +12,6 @@ queries see it like any cached block. The cache then keeps the first B of the 2B
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from ..attention.block_mask import CLEAN, NOISY
@@ -49,15 +47,11 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
 
     With CUDA graphs or the FlashInfer backend the capture-ready static path in `kernels` decodes
     (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
-    masks the logits of every step; constrained batches decode on this eager path."""
-    static = (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1
-    if static and constraint is not None:
-        warnings.warn("a constrained (trajectory grammar) batch decodes on the eager path: CUDA graphs and the "
-                      "FlashInfer static path do not apply the constraint yet", RuntimeWarning, stacklevel=2)
-    elif static:
+    masks the logits of every step, on either path."""
+    if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
         from kernels.graph_runner import generate_static
 
-        return generate_static(runner, batch, cfg, mask_id, eos_id)
+        return generate_static(runner, batch, cfg, mask_id, eos_id, constraint)
     device = runner.device
     b, prompt_len = batch.input_ids.shape
     B, n_blocks = cfg.block_size, cfg.num_blocks

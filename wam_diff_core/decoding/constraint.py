@@ -27,16 +27,18 @@ class TokenConstraint:
     allowed: torch.Tensor
     rows: torch.Tensor
 
+    def banned(self, start: int, n: int, vocab_size: int) -> torch.Tensor:
+        """(batch, n, vocab) bool: True where answer position start + i may not hold a token."""
+        if start + n > self.allowed.shape[0]:
+            raise ValueError(f"constraint covers {self.allowed.shape[0]} answer positions, decoding needs {start + n}")
+        if vocab_size != self.allowed.shape[1]:
+            raise ValueError(f"constraint vocabulary {self.allowed.shape[1]} != logits vocabulary {vocab_size}")
+        return ~self.allowed[start:start + n][None] & self.rows[:, None, None]
+
     def apply(self, logits: torch.Tensor, start: int) -> torch.Tensor:
         """logits (batch, n, vocab) predicting answer positions start .. start + n - 1 -> the same
         logits with disallowed tokens at -inf in the constrained rows."""
-        n = logits.shape[1]
-        if start + n > self.allowed.shape[0]:
-            raise ValueError(f"constraint covers {self.allowed.shape[0]} answer positions, decoding needs {start + n}")
-        if logits.shape[-1] != self.allowed.shape[1]:
-            raise ValueError(f"constraint vocabulary {self.allowed.shape[1]} != logits vocabulary {logits.shape[-1]}")
-        banned = ~self.allowed[start:start + n]
-        return logits.masked_fill(banned[None] & self.rows[:, None, None], float("-inf"))
+        return logits.masked_fill(self.banned(start, logits.shape[1], logits.shape[-1]), float("-inf"))
 
 
 class TrajectoryGrammar:
