@@ -133,3 +133,22 @@ def test_flashinfer_decode_graphs_equal_eager_and_greedy_tokens_equal_sdpa(nano,
     agree = sum(x == y for a, r in zip(eager.token_ids, ref.token_ids) for x, y in zip(a, r))
     total = sum(len(r) for r in ref.token_ids)
     assert eager.token_ids == ref.token_ids, f"bf16 FlashInfer vs SDPA eager: {agree}/{total} tokens agree"
+
+
+def test_captured_decode_under_the_trajectory_grammar_matches_the_eager_reference_on_cuda(nano, camera_image):
+    import dataclasses
+
+    from wam_diff_core.codec import ParseError, parse_trajectory
+    from wam_diff_core.decoding.constraint import planning_constraint
+
+    runner = ModelRunner(_model(nano, torch.float32), "sdpa")
+    batch, ids = _batch(nano, camera_image), nano.settings
+    fixed = dataclasses.replace(ids, trajectory_format="fixed")
+    grammar = planning_constraint(nano.processor.tokenizer, fixed, ["planning", "qa"], 128, runner.vocab_size, "cuda")
+    cfg = DecoderConfig(block_size=32, steps=4, max_new_tokens=128)
+    ref = generate(runner, batch, cfg, ids.mask_token_id, ids.eos_token_id, grammar)
+    graphs = GraphRunner(runner, ids.mask_token_id, "sdpa", cuda_graphs=True)
+    first = graphs.generate(batch, cfg, ids.eos_token_id, grammar)
+    second = graphs.generate(batch, cfg, ids.eos_token_id, grammar)  # replays with the buffer refreshed
+    assert first.token_ids == second.token_ids == ref.token_ids
+    assert not isinstance(parse_trajectory(nano.processor.decode(ref.token_ids[0])), ParseError)
