@@ -16,7 +16,6 @@ from typing import Optional, Sequence
 import torch
 
 from ..codec import FIXED_TRAJECTORY_CHARS, fixed_trajectory_slots
-from ..constants import EOS_TOKEN
 
 
 @dataclass(frozen=True)
@@ -74,10 +73,6 @@ class TrajectoryGrammar:
         table[FIXED_TRAJECTORY_CHARS:, self.eos_id] = True
         return table.to(device)
 
-    def constraint(self, rows: torch.Tensor, length: int, vocab_size: int) -> TokenConstraint:
-        """The grammar over `length` answer positions for the rows where `rows` (batch,) is True."""
-        return TokenConstraint(self.allowed(length, vocab_size, rows.device), rows.bool())
-
 
 @lru_cache(maxsize=8)
 def _grammar_table(tokenizer, eos_id: int, length: int, vocab_size: int, device: str) -> torch.Tensor:
@@ -90,7 +85,6 @@ def planning_constraint(tokenizer, settings, tasks: Sequence[str], length: int, 
     checkpoint's `settings.trajectory_format` is "fixed"; None otherwise (nothing to constrain)."""
     if settings.trajectory_format != "fixed" or "planning" not in tasks:
         return None
-    eos_id = int(tokenizer.convert_tokens_to_ids(EOS_TOKEN))
-    allowed = _grammar_table(tokenizer, eos_id, length, vocab_size, str(device))
+    allowed = _grammar_table(tokenizer, int(settings.eos_token_id), length, vocab_size, str(device))
     rows = torch.tensor([t == "planning" for t in tasks], dtype=torch.bool, device=device)
     return TokenConstraint(allowed, rows)
