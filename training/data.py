@@ -177,7 +177,8 @@ class DrivingDataset(torch.utils.data.Dataset):
             prompt, response = sample_to_chat(sample)
         except ValueError as exc:
             raise DataError(f"bad conversation: {exc}") from exc
-        response = self._restyle(str(sample.get("task", "")), response)
+        task = str(sample.get("task", ""))
+        response = self._restyle(task, response)
         paths = [self.root / p for p in sample["image"]]
         for p in paths:
             if not p.is_file():
@@ -187,7 +188,7 @@ class DrivingDataset(torch.utils.data.Dataset):
                     img.verify()
             except Exception as exc:
                 raise DataError(f"unreadable image: {p} ({exc})") from exc
-        n = len(self.response_ids(str(sample.get("task", "")), response))
+        n = len(self.response_ids(task, response))
         if n > self.max_response_tokens:
             raise DataError(f"response too long: {n} tokens > max_response_tokens {self.max_response_tokens}")
         return prompt, response, paths
