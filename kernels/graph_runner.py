@@ -252,7 +252,7 @@ class GraphRunner:
         clock.lap("prefill")
 
         generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.temperature > 0 else None
-        out = torch.full((b, n_blocks * B), eos_id, dtype=torch.long, device=device)
+        out = torch.full((b, cfg.answer_positions), eos_id, dtype=torch.long, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         blocks = 0
         for j in range(n_blocks):

@@ -67,7 +67,7 @@ def evaluate(model, processor, settings, examples: Sequence[Example], block_size
         batch = prompt_batch(chunk, pad_id).to(device)
         t0 = time.perf_counter()
         grammar = planning_constraint(processor.tokenizer, settings, [x.task for x in chunk],
-                                      cfg.num_blocks * cfg.block_size, runner.vocab_size, device)
+                                      cfg.answer_positions, runner.vocab_size, device)
         res = generate(runner, batch, cfg, settings.mask_token_id, eos, grammar)
         seconds += time.perf_counter() - t0
         produced += res.tokens

@@ -105,7 +105,7 @@ class DrivingPolicy:
         trajectory grammar when it has one)."""
         batch = self.processor.encode(prompts, [images] * len(prompts)).to(self.device)
         settings = self.loaded.settings
-        grammar = planning_constraint(self.processor.tokenizer, settings, tasks, cfg.num_blocks * cfg.block_size,
+        grammar = planning_constraint(self.processor.tokenizer, settings, tasks, cfg.answer_positions,
                                       self.runner.vocab_size, self.device)
         result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
         texts = [self.processor.decode(ids) for ids in result.token_ids]

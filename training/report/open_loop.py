@@ -68,7 +68,7 @@ def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: Decod
     for x in tqdm(examples, desc=desc, unit="sample", disable=not progress, leave=False):
         batch = prompt_batch([x], pad_id).to(runner.device)
         t0 = time.perf_counter()
-        grammar = planning_constraint(processor.tokenizer, settings, [x.task], cfg.num_blocks * cfg.block_size,
+        grammar = planning_constraint(processor.tokenizer, settings, [x.task], cfg.answer_positions,
                                       runner.vocab_size, runner.device)
         res = generate(runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
         seconds += time.perf_counter() - t0

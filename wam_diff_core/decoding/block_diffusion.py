@@ -70,7 +70,7 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
 
     first_block = -(-prompt_len // B)  # response block ids follow every prompt block
     offsets = torch.arange(B, device=device)
-    out = _full(b, n_blocks * B, eos_id, device)
+    out = _full(b, cfg.answer_positions, eos_id, device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     pending = None  # (tokens, positions) of a finished block not yet in the cache
     for j in range(n_blocks):

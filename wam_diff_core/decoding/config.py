@@ -45,3 +45,8 @@ class DecoderConfig:
     @property
     def num_blocks(self) -> int:
         return -(-self.max_new_tokens // self.block_size)
+
+    @property
+    def answer_positions(self) -> int:
+        """Answer positions a decode can fill: whole blocks covering max_new_tokens."""
+        return self.num_blocks * self.block_size
