@@ -230,17 +230,9 @@ class HighwayWorld:
             old = self._move_to_ramp(old)
         if r.scenario in ("highway", "highway_dense", "emergency_brake", "cut_in", "merge"):
             old.speed = float(r.options.get("ego_speed", old.speed))
+        self._route_lanes = list(route_lanes)
         if self.driver == "expert":
-            from .expert import ExpertVehicle
-            ego = ExpertVehicle.create_from(old)
-            ego.route = list(route_lanes) or None
-            ego.target_speed = float(r.options.get("target_speed", self._speed_limit(old)))
-            ego.cruise_speed = ego.target_speed
-            ego.junction = r.scenario in JUNCTION_SCENARIOS
-            # no MOBIL lane changes on the ring: exits leave from the outer lane, and cutting across
-            # from the inner one drove through the lane markings
-            ego.enable_lane_change = not ego.junction
-            ego.dt = 1.0 / self.sim_hz
+            ego = self._expert_from(old)
         else:
             ego = PolicyVehicle(road, old.position.copy(), heading=old.heading, speed=old.speed)
             ego.action = {"steering": 0.0, "acceleration": 0.0}
@@ -259,6 +251,59 @@ class HighwayWorld:
         self._scenario_state = {}
         self._vid = {}
         return self._observe(first=True)
+
+    def _expert_from(self, old):
+        """The rule-based expert in `old`'s place (position, heading, speed), set up for this route."""
+        from .expert import ExpertVehicle
+
+        r = self.route
+        if hasattr(old, "target_lane_index"):
+            ego = ExpertVehicle.create_from(old)
+        else:  # the policy's ego: the expert takes the lane it is in
+            ego = ExpertVehicle(old.road, old.position.copy(), heading=old.heading, speed=old.speed,
+                                target_lane_index=old.lane_index)
+        ego.route = list(self._route_lanes) or None
+        ego.target_speed = float(r.options.get("target_speed", self._speed_limit(old)))
+        ego.cruise_speed = ego.target_speed
+        ego.junction = r.scenario in JUNCTION_SCENARIOS
+        # no MOBIL lane changes on the ring: exits leave from the outer lane, and cutting across
+        # from the inner one drove through the lane markings
+        ego.enable_lane_change = not ego.junction
+        ego.dt = 1.0 / self.sim_hz
+        return ego
+
+    def expert_rollout(self, seconds: float) -> tuple[np.ndarray, bool]:
+        """What the expert would drive from the current state: a copy of the world (traffic, scenario
+        triggers and random state included) with the ego handed to the expert, stepped `seconds`
+        without rendering. Returns the ego's positions at every policy tick (n, 2) in the current
+        ego frame and whether the expert collided. The world itself is not touched."""
+        import copy
+
+        if self.env is None:
+            raise RuntimeError("expert_rollout before reset()")
+        ego, env, self.ego, self.env = self.ego, self.env, None, None
+        try:
+            twin = copy.deepcopy(self)
+            twin.env, twin.ego = copy.deepcopy((env, ego))
+        finally:
+            self.ego, self.env = ego, env
+        twin.render_frames = False
+        if twin.driver != "expert":
+            road = twin.env.road
+            expert = twin._expert_from(twin.ego)
+            road.vehicles[road.vehicles.index(twin.ego)] = expert
+            twin.env.controlled_vehicles = [expert]
+            twin.ego = expert
+            twin.driver = "expert"
+            expert.on_state_update()
+        xy, yaw = hw_to_world(ego.position), -float(ego.heading)
+        pts, crashed = [], False
+        for _ in range(int(round(seconds / self.dt))):
+            tick = twin.step()
+            pts.append(tick.pose[:2])
+            crashed = crashed or tick.collision
+        twin.env = None  # the copy shares nothing with this world; let it go
+        return world_to_ego(np.asarray(pts, dtype=np.float64), xy, yaw), crashed
 
     def close(self) -> None:
         if self.env is not None:

@@ -1,0 +1,93 @@
+"""DAgger data: the expert rollout from a copied world, and labelled drives of a policy."""
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("highway_env")
+
+from wam_diff_core.codec import parse_trajectory  # noqa: E402
+from wam_diff_core.constants import HORIZON_S, NUM_WAYPOINTS  # noqa: E402
+from wam_diff_core.sim.dagger import DaggerPolicy, collect, collect_route  # noqa: E402
+from wam_diff_core.sim.datagen import assign_splits  # noqa: E402
+from wam_diff_core.sim.highway import HighwayWorld, world_to_ego  # noqa: E402
+from wam_diff_core.sim.policies import ConstantVelocityPolicy  # noqa: E402
+from wam_diff_core.sim.routes import Route  # noqa: E402
+
+SHORT = Route("g_short", "highway", 31, 1.0, 50.0, 6.0, {"lanes": 3, "vehicles": 5, "ego_speed": 15.0})
+
+
+def test_expert_rollout_is_the_experts_future_and_leaves_the_world_alone():
+    world = HighwayWorld(SHORT, driver="expert", render=False)
+    world.reset()
+    for _ in range(5):
+        tick0 = world.step()
+    before = world.snapshot()
+    path, crashed = world.expert_rollout(HORIZON_S)
+    assert world.snapshot() == before
+    assert path.shape == (40, 2) and not crashed
+    actual = np.array([world.step().pose[:2] for _ in range(40)])
+    ego_frame = world_to_ego(actual, np.array(tick0.pose[:2]), tick0.pose[2])
+    np.testing.assert_allclose(path, ego_frame, atol=1e-9)
+
+
+def test_expert_rollout_takes_over_a_policy_ego_between_lanes():
+    from wam_diff_core.sim.highway import ego_to_world
+
+    world = HighwayWorld(SHORT, driver="policy", render=False)
+    y0 = world.reset().pose[1]  # a lane centre; lanes are 4 m apart
+    for _ in range(8):  # steer left: the ego ends up off its lane centre
+        tick = world.step(0.0, 0.05)
+    assert 0.3 < tick.pose[1] - y0 < 3.7
+    path, crashed = world.expert_rollout(HORIZON_S)
+    assert not crashed
+    # the expert drives on at about the current speed (15 m/s) and ends on a lane centre
+    assert 40.0 < path[-1, 0] < 90.0
+    end_y = ego_to_world(path[-1:], np.array(tick.pose[:2]), tick.pose[2])[0, 1]
+    off = (end_y - y0) / 4.0
+    assert abs(off - round(off)) * 4.0 < 0.5
+    assert world.driver == "policy" and world.ego.__class__.__name__ == "PolicyVehicle"
+
+
+def test_dagger_policy_labels_every_plan_and_beta_one_drives_the_expert(tmp_path):
+    dag = DaggerPolicy(ConstantVelocityPolicy(), SHORT, tmp_path, beta=1.0)
+    from wam_diff_core.sim.closed_loop import run_route
+
+    rec = run_route(SHORT, dag, frame_size=(128, 64), replan_every=4)
+    assert rec["status"] == "Completed"
+    assert dag.expert_steps == len(dag.samples) == -(-rec["ticks"] // 4)
+    for s in dag.samples:
+        traj = parse_trajectory(s["conversations"][1]["value"])
+        assert traj.shape == (NUM_WAYPOINTS, 2)
+        assert traj[0, 0] > 0.0 and (tmp_path / s["image"][0]).is_file()
+        assert s["meta"]["source"] == "dagger" and s["task"] == "planning"
+    with pytest.raises(ValueError, match="beta 1.5"):
+        DaggerPolicy(ConstantVelocityPolicy(), SHORT, tmp_path, beta=1.5)
+
+
+def test_collect_drives_training_routes_only_and_writes_a_dataset(tmp_path, monkeypatch):
+    import wam_diff_core.sim.dagger as dagger
+
+    routes = [Route(f"g_{i}", "highway", 40 + i, 1.0, 40.0, 5.0, {"lanes": 3, "vehicles": 4, "ego_speed": 15.0})
+              for i in range(5)]
+    held_out = [r.route_id for r in routes if assign_splits(routes, 0.2)[r.route_id] == "val"]
+    assert len(held_out) == 1
+    monkeypatch.setattr(dagger, "_POLICY", ConstantVelocityPolicy())
+    dagger._POLICY._spec = ("cv", "null")
+    stats = collect(routes, "cv", tmp_path, seed_offsets=(7,), frame_size=(128, 64), progress=False)
+    driven = set(stats["statuses"])
+    assert driven == {f"{r.route_id}_s7" for r in routes if r.route_id not in held_out}
+    assert stats["held_out_routes"] == held_out
+    train = json.loads((tmp_path / "train.json").read_text())
+    assert len(train) == stats["samples"]["train"] > 0 and stats["samples"]["val"] == 0
+    assert stats["drives"]["num_routes"] == 4
+    # a rerun resumes from the parts: nothing is driven again
+    again = collect(routes, "cv", tmp_path, seed_offsets=(7,), frame_size=(128, 64), progress=False)
+    assert again["generated_samples"] == 0 and again["samples"] == stats["samples"]
+
+
+def test_collect_route_part_counts(tmp_path):
+    res = collect_route(SHORT, ConstantVelocityPolicy(), tmp_path, frame_size=(128, 64), every=5)
+    part = json.loads((tmp_path / "parts" / "g_short.json").read_text())
+    assert res["num_samples"] == len(part["samples"]) == -(-part["ticks"] // 5)
+    assert part["expert_steps"] == 0

@@ -1,0 +1,230 @@
+"""`wam-diff dagger`: planning data on the states a learned policy reaches (DAgger, Ross et al. 2011).
+
+The expert-driven data of `wam-diff data` only shows states the expert visits; a cloned policy drifts
+off them (too close to a lead vehicle, between lanes, late at a junction) and has never seen how to
+recover. Here the learned policy drives each route in the closed loop (`wam-diff drive`'s loop, same
+controller and replanning); at every planning tick the frame becomes a planning sample whose answer is
+what the expert would drive from exactly that state: a copy of the world with the ego handed to the
+rule-based expert, stepped HORIZON_S ahead (`HighwayWorld.expert_rollout`). With probability `beta` the
+expert's plan is executed instead of the policy's (the DAgger mixture; 0 = the policy always drives).
+
+Only routes of the training split are driven (the split `wam-diff data` assigns by route seed, so the
+held-out routes stay unseen), with seed offsets that change their traffic. Output follows `wam-diff
+data`: OUT/parts/<route>.json per finished route (a rerun resumes), OUT/train.json, OUT/stats.json with
+the drives' own Bench2Drive summary, and OUT/images/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
+from ..eval import bench2drive
+from ..types import Plan
+from .datagen import DATASOURCE, assign_splits, merge_parts, with_seed_offsets
+from .routes import DEFAULT_SUITE, Route, load_routes
+
+DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
+
+
+class DaggerPolicy:
+    """Wraps a policy: every plan call records (frame, ego, command, expert rollout) as a planning
+    sample and returns the policy's plan, or with probability `beta` the expert's."""
+
+    needs_images = True
+    drives_itself = False
+
+    def __init__(self, inner, route: Route, out_dir: Path, beta: float = 0.0, seed: int = 0):
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta {beta}: expected a probability in [0, 1]")
+        self.inner, self.route, self.out_dir, self.beta = inner, route, Path(out_dir), float(beta)
+        self.rng = np.random.default_rng(seed)
+        self.world = None
+        self.samples: list[dict] = []
+        self.expert_crashed = 0
+        self.expert_steps = 0
+        self.label_s = 0.0
+
+    def bind(self, world) -> None:
+        self.world = world
+
+    def plan(self, images, ego, command: str) -> Plan:
+        from PIL import Image
+
+        from ..codec import format_trajectory
+        from ..prompts import planning_prompt
+
+        world = self.world
+        k = world._ticks
+        t0 = time.perf_counter()
+        path, crashed = world.expert_rollout(HORIZON_S)
+        self.label_s += time.perf_counter() - t0
+        step = int(round(WAYPOINT_DT_S / world.dt))
+        label = path[step - 1::step][:NUM_WAYPOINTS]
+        self.expert_crashed += int(crashed)
+        if images:
+            rel = f"images/{self.route.route_id}/{k:04d}.png"
+            (self.out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(images[0]).save(self.out_dir / rel, compress_level=1)
+            meta = {"route_id": self.route.route_id, "scenario": self.route.scenario, "seed": self.route.seed,
+                    "tick": k, "t": round(k * world.dt, 3), "split": "train", "command": command,
+                    "ego": [ego.vx, ego.vy, ego.ax, ego.ay, ego.yaw_rate], "source": "dagger",
+                    "expert_crashed": bool(crashed)}
+            self.samples.append({
+                "id": f"{self.route.route_id}_{k:04d}_plan", "datasource": DATASOURCE, "task": "planning",
+                "image": [rel],
+                "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(ego, command)}"},
+                                  {"from": "gpt", "value": format_trajectory(label)}],
+                "meta": meta})
+        if self.beta > 0.0 and self.rng.random() < self.beta:
+            self.expert_steps += 1
+            return Plan(trajectory=label, valid=True)
+        return self.inner.plan(images, ego, command)
+
+
+# ---------------------------------------------------------------- one route, workers
+_POLICY = None
+
+
+def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_size=(256, 128),
+                  every: int = 4, seed: int = 0) -> dict:
+    """Drive one route with `policy`, labelling every planning tick; write OUT/parts/<route_id>.json."""
+    from .closed_loop import run_route
+
+    out_dir = Path(out_dir)
+    dag = DaggerPolicy(policy, route, out_dir, beta=beta, seed=seed)
+    rec = run_route(route, dag, frame_size=frame_size, replan_every=every)
+    part = {"route": route.to_dict(), "split": "train", "crashed": rec["status"] == "Failed - collision",
+            "completed": rec["status"] == "Completed", "status": rec["status"], "score": rec["score"],
+            "ticks": rec["ticks"], "frames": len(dag.samples), "samples": dag.samples, "scenes": [],
+            "expert_crashed": dag.expert_crashed, "expert_steps": dag.expert_steps,
+            "invalid_plans": rec["invalid_plans"], "wall_s": rec["wall_s"], "label_s": round(dag.label_s, 3),
+            "record": {k: v for k, v in rec.items() if k != "comfort"} | {"comfort": rec["comfort"]}}
+    pdir = out_dir / "parts"
+    pdir.mkdir(parents=True, exist_ok=True)
+    tmp = pdir / f"{route.route_id}.json.tmp"
+    tmp.write_text(json.dumps(part))
+    tmp.replace(pdir / f"{route.route_id}.json")  # atomic: a killed run never leaves half a part
+    return {k: v for k, v in part.items() if k not in ("samples", "scenes", "record")} | {"num_samples": len(dag.samples)}
+
+
+def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, beta: float, frame_size, every: int,
+            overrides: Optional[dict]) -> dict:
+    global _POLICY
+    from .policies import load_policy
+
+    key = (policy_spec, json.dumps(overrides, sort_keys=True))
+    if _POLICY is None or getattr(_POLICY, "_spec", None) != key:
+        _POLICY = load_policy(policy_spec, device=device, overrides=overrides)
+        _POLICY._spec = key
+    route = Route(**route_dict)
+    return collect_route(route, _POLICY, Path(out_dir), beta=beta, frame_size=frame_size, every=every,
+                         seed=route.seed)
+
+
+def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS,
+            val_fraction: float = 0.2, beta: float = 0.0, frame_size=(256, 128), every: int = 4, workers: int = 1,
+            device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True) -> dict:
+    """Drive the training-split routes (once per seed offset) and write the DAgger dataset."""
+    if every < 1:
+        raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    splits = assign_splits(routes, val_fraction)
+    train_routes = [r for r in routes if splits[r.route_id] == "train"]
+    driven, _ = with_seed_offsets(train_routes, list(seed_offsets))
+    todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(driven), initial=len(driven) - len(todo), desc=f"dagger {policy_spec}", unit="route")
+    t0 = time.perf_counter()
+    generated = 0
+    args = [(r.to_dict(), policy_spec, device, str(out_dir), beta, tuple(frame_size), every, overrides) for r in todo]
+
+    def done(res):
+        nonlocal generated
+        generated += res["num_samples"]
+        if bar:
+            bar.update(1)
+            bar.set_postfix(samples=generated)
+
+    if workers <= 1:
+        for a in args:
+            done(_worker(*a))
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+            futs = {ex.submit(_worker, *a): a[0]["route_id"] for a in args}
+            for f in as_completed(futs):
+                try:
+                    done(f.result())
+                except Exception as exc:  # a crashed worker costs its route, not the run
+                    print(f"route {futs[f]} failed in its worker: {type(exc).__name__}: {exc}")
+    if bar:
+        bar.close()
+    wall = time.perf_counter() - t0
+    stats = merge_parts(out_dir, driven, wall, generated)
+    parts = [json.loads(p.read_text()) for r in driven if (p := out_dir / "parts" / f"{r.route_id}.json").is_file()]
+    drives = bench2drive.summarize([p["record"] for p in parts], expected_route_ids=[r.route_id for r in driven])
+    stats.update({
+        "policy": policy_spec, "policy_overrides": overrides or {}, "beta": beta, "every": every,
+        "seed_offsets": list(seed_offsets), "held_out_routes": sorted(r.route_id for r in routes if splits[r.route_id] == "val"),
+        "expert_crashed_labels": int(sum(p["expert_crashed"] for p in parts)),
+        "expert_executed_plans": int(sum(p["expert_steps"] for p in parts)),
+        "label_s": round(sum(p["label_s"] for p in parts), 2),
+        "drives": {k: drives[k] for k in ("driving_score", "success_rate", "abilities", "num_routes") if k in drives},
+        "statuses": {p["route"]["route_id"]: p["status"] for p in parts},
+    })
+    (out_dir / "stats.json").write_text(json.dumps(stats, indent=2))
+    return stats
+
+
+# ---------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", required=True, help="checkpoint path or preset that drives")
+    parser.add_argument("--out", required=True, help="dataset directory")
+    parser.add_argument("--routes", default=str(DEFAULT_SUITE), help="route suite JSON (default: bundled routes_v1)")
+    parser.add_argument("--ids", default="", help="comma-separated route ids")
+    parser.add_argument("--scenarios", default="", help="comma-separated scenario types")
+    parser.add_argument("--limit", type=int, default=None, help="first N routes only")
+    parser.add_argument("--seed-offsets", default=",".join(str(o) for o in DEFAULT_SEED_OFFSETS),
+                        help="comma-separated traffic seed offsets per route (default: 3000,4000, unlike the expert data)")
+    parser.add_argument("--val-fraction", type=float, default=0.2,
+                        help="share of route seeds held out (as in `wam-diff data`); held-out routes are not driven")
+    parser.add_argument("--beta", type=float, default=0.0, help="probability that a plan is the expert's (0..1)")
+    parser.add_argument("--every", type=int, default=4, help="ticks between plans; each plan is one labelled sample")
+    parser.add_argument("--frame-size", default="256x128")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--block-size", type=int, default=None, help="decode with this block size (default: the checkpoint's)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps per block (default: the checkpoint's)")
+
+
+def run(args) -> int:
+    from .closed_loop import policy_overrides
+
+    routes = load_routes(args.routes, ids=[i for i in args.ids.split(",") if i] or None,
+                         scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
+    if not routes:
+        print("no routes selected")
+        return 2
+    try:
+        offsets = [int(v) for v in args.seed_offsets.split(",") if v.strip()]
+        w, h = (int(v) for v in args.frame_size.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--seed-offsets {args.seed_offsets!r} / --frame-size {args.frame_size!r}: "
+                         "expected comma-separated integers and WxH")
+    stats = collect(routes, args.policy, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction,
+                    beta=args.beta, frame_size=(w, h), every=args.every, workers=args.workers, device=args.device,
+                    overrides=policy_overrides(args.block_size, args.steps))
+    print(json.dumps({k: stats[k] for k in ("samples", "routes", "drives", "expert_crashed_labels",
+                                             "expert_executed_plans", "wall_s", "label_s")}, indent=2))
+    return 0
