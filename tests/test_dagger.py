@@ -91,3 +91,17 @@ def test_collect_route_part_counts(tmp_path):
     part = json.loads((tmp_path / "parts" / "g_short.json").read_text())
     assert res["num_samples"] == len(part["samples"]) == -(-part["ticks"] // 5)
     assert part["expert_steps"] == 0
+
+
+def test_tracked_expert_plans_complete_a_roundabout(tmp_path):
+    """The expert's rollouts, tracked by the controller (beta = 1), exit the ring where the route does:
+    the twin's expert starts from the route's remaining lanes, and at the exit fork takes the route's
+    branch (a stale route head or the ring lane at the fork kept it circling: route deviation)."""
+    from wam_diff_core.sim.closed_loop import run_route
+    from wam_diff_core.sim.routes import load_routes
+
+    route = load_routes(ids=["roundabout_00"])[0]
+    dag = DaggerPolicy(ConstantVelocityPolicy(), route, tmp_path, beta=1.0)
+    rec = run_route(route, dag, frame_size=(128, 64), replan_every=4)
+    assert rec["status"] == "Completed", rec["infractions"]
+    assert rec["completion"] == 100.0

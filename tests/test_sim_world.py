@@ -98,3 +98,20 @@ def test_steering_left_turns_counter_clockwise():
 def test_world_to_ego_rotation():
     p = world_to_ego(np.array([[1.0, 1.0]]), np.array([1.0, 0.0]), np.pi / 2)
     np.testing.assert_allclose(p, [[1.0, 0.0]], atol=1e-12)
+
+
+def test_roundabout_route_reference_follows_the_ring_lane_the_expert_drives():
+    """Route entries without a lane index take the lane that continues the route (the outer ring lane
+    the entry joins); lane 0, the inner one, put the reference about 4 m off the expert's path."""
+    from wam_diff_core.sim.highway import HighwayWorld
+    from wam_diff_core.sim.routes import load_routes
+
+    route = load_routes(ids=["roundabout_00"])[0]
+    world = HighwayWorld(route, driver="expert", render=False)
+    tick = world.reset()
+    worst = 0.0
+    while tick.progress_m < route.target_distance_m and not tick.collision and tick.t < route.time_limit_s:
+        tick = world.step()
+        worst = max(worst, tick.route_deviation_m)
+    assert tick.progress_m >= route.target_distance_m
+    assert worst < 3.5

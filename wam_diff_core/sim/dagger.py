@@ -106,7 +106,7 @@ def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_
             "ticks": rec["ticks"], "frames": len(dag.samples), "samples": dag.samples, "scenes": [],
             "expert_crashed": dag.expert_crashed, "expert_steps": dag.expert_steps,
             "invalid_plans": rec["invalid_plans"], "wall_s": rec["wall_s"], "label_s": round(dag.label_s, 3),
-            "record": {k: v for k, v in rec.items() if k != "comfort"} | {"comfort": rec["comfort"]}}
+            "record": rec}  # the drive's own closed-loop record, scored in stats.json
     pdir = out_dir / "parts"
     pdir.mkdir(parents=True, exist_ok=True)
     tmp = pdir / f"{route.route_id}.json.tmp"

@@ -259,10 +259,12 @@ class HighwayWorld:
         r = self.route
         if hasattr(old, "target_lane_index"):
             ego = ExpertVehicle.create_from(old)
-        else:  # the policy's ego: the expert takes the lane it is in
+            route = list(self._route_lanes)
+        else:  # the policy's ego: the expert drives on from where it is
+            target, route = self._route_ahead(old)
             ego = ExpertVehicle(old.road, old.position.copy(), heading=old.heading, speed=old.speed,
-                                target_lane_index=old.lane_index)
-        ego.route = list(self._route_lanes) or None
+                                target_lane_index=target)
+        ego.route = route or None
         ego.target_speed = float(r.options.get("target_speed", self._speed_limit(old)))
         ego.cruise_speed = ego.target_speed
         ego.junction = r.scenario in JUNCTION_SCENARIOS
@@ -271,6 +273,23 @@ class HighwayWorld:
         ego.enable_lane_change = not ego.junction
         ego.dt = 1.0 / self.sim_hz
         return ego
+
+    def _route_ahead(self, vehicle) -> tuple[tuple, list]:
+        """The lane an expert taking over `vehicle` should drive and the route's lanes from there.
+        highway-env follows a route only while its first entry is the current road (a stale head makes
+        it pick the next road by distance), and at a fork the closest lane can be the branch the route
+        does not take (on the ring just before the exit): there the route's own branch is taken.
+        Off the route: the vehicle's lane and the whole route."""
+        li, lanes = tuple(vehicle.lane_index), list(self._route_lanes)
+        for i, r in enumerate(lanes):
+            if tuple(r[:2]) == li[:2]:
+                return li, lanes[i:]
+        for i, r in enumerate(lanes):
+            if r[0] == li[0]:  # a fork: the route leaves this node on another road
+                lane = self._route_lane(r, vehicle.position)
+                road = self.env.road.network.graph[r[0]][r[1]]
+                return (r[0], r[1], road.index(lane)), lanes[i:]
+        return li, lanes
 
     def expert_rollout(self, seconds: float) -> tuple[np.ndarray, bool]:
         """What the expert would drive from the current state: a copy of the world (traffic, scenario
@@ -337,6 +356,17 @@ class HighwayWorld:
             lanes.append((exit_node, exit_next[0], None))
         return lanes
 
+    def _route_lane(self, li, after):
+        """The lane of a route entry; an entry without a lane index (a, b, None) is driven on the lane
+        of a -> b that starts nearest to `after` (where the route so far ends): on the roundabout the
+        entry joins the outer ring lane, which the traffic and the expert keep to (lane 0, the inner
+        one, put the reference 4 m off the path every vehicle drives)."""
+        net = self.env.road.network
+        if li[2] is not None:
+            return net.get_lane(li)
+        lanes = net.graph[li[0]][li[1]]
+        return min(lanes, key=lambda lane: float(np.linalg.norm(lane.position(0.0, 0.0) - np.asarray(after))))
+
     def _build_route_polyline(self, route_lanes: list) -> None:
         """Dense centreline (world X, Y) of the route and where its junction part ends."""
         net = self.env.road.network
@@ -346,7 +376,7 @@ class HighwayWorld:
         if route_lanes:
             total = 0.0
             for li in route_lanes:
-                lane = net.get_lane((li[0], li[1], li[2] if li[2] is not None else 0))
+                lane = self._route_lane(li, pts[-1][-1] if pts else self.ego.position)
                 s = np.arange(0.0, lane.length, 1.0)
                 p = np.array([lane.position(si, 0.0) for si in s])
                 if pts:
