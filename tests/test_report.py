@@ -159,3 +159,19 @@ def test_bad_specs_name_the_key(setup, tmp_path):
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(broken)
     assert wam_diff_main(["report", "--spec", str(broken), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_held_out_score_averages_the_validation_split_routes_only():
+    from training.report import held_out_score
+    from wam_diff_core.sim.datagen import VAL_FRACTION, assign_splits
+    from wam_diff_core.sim.routes import load_routes
+
+    routes = load_routes()
+    held = sorted(r for r, s in assign_splits(routes, VAL_FRACTION).items() if s == "val")
+    assert 0 < len(held) < len(routes)
+    # held-out routes score 80 except one missing record (0); every other route 10
+    per_route = {r.route_id: {"score": 80.0 if r.route_id in held else 10.0} for r in routes}
+    del per_route[held[0]]
+    out = held_out_score(routes, {"routes": per_route})
+    assert out["held_out_routes"] == held
+    assert out["held_out_driving_score"] == pytest.approx(80.0 * (len(held) - 1) / len(held))

@@ -33,6 +33,18 @@ def machine() -> str:
     return f"{platform.machine()} CPU, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
+def held_out_score(routes, summary: dict) -> dict:
+    """DS over the suite's held-out routes (the validation split every dataset of this project leaves
+    out, `wam_diff_core.sim.datagen.assign_splits`): training data, DAgger's included, never drove them."""
+    from wam_diff_core.sim.datagen import VAL_FRACTION, assign_splits
+
+    splits = assign_splits(routes, VAL_FRACTION)
+    held = sorted(rid for rid, split in splits.items() if split == "val")
+    per_route = summary.get("routes") or {}
+    scores = [float((per_route.get(rid) or {}).get("score", 0.0)) for rid in held]
+    return {"held_out_routes": held, "held_out_driving_score": sum(scores) / len(scores) if scores else None}
+
+
 def block_size_of(entry: ModelEntry, loaded: LoadedModel) -> int:
     return int(entry.block_size or loaded.settings.trained_block_size)
 
@@ -134,7 +146,7 @@ class Report:
                               progress=self.progress, overrides=overrides)
         keep = ("driving_score", "success_rate", "abilities", "efficiency", "comfort", "num_routes", "wall_s",
                 "invalid_plans", "policy_overrides")
-        return {k: summary.get(k) for k in keep}
+        return {k: summary.get(k) for k in keep} | held_out_score(routes, summary)
 
     # ------------------------------------------------------------ speed
     def speed_pass(self) -> dict:

@@ -28,7 +28,7 @@ import numpy as np
 from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..types import Plan
-from .datagen import DATASOURCE, assign_splits, merge_parts, with_seed_offsets
+from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets
 from .routes import DEFAULT_SUITE, Route, load_routes
 
 DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
@@ -130,7 +130,7 @@ def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, beta:
 
 
 def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS,
-            val_fraction: float = 0.2, beta: float = 0.0, frame_size=(256, 128), every: int = 4, workers: int = 1,
+            val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=(256, 128), every: int = 4, workers: int = 1,
             device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True) -> dict:
     """Drive the training-split routes (once per seed offset) and write the DAgger dataset."""
     if every < 1:
@@ -197,7 +197,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N routes only")
     parser.add_argument("--seed-offsets", default=",".join(str(o) for o in DEFAULT_SEED_OFFSETS),
                         help="comma-separated traffic seed offsets per route (default: 3000,4000, unlike the expert data)")
-    parser.add_argument("--val-fraction", type=float, default=0.2,
+    parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
                         help="share of route seeds held out (as in `wam-diff data`); held-out routes are not driven")
     parser.add_argument("--beta", type=float, default=0.0, help="probability that a plan is the expert's (0..1)")
     parser.add_argument("--every", type=int, default=4, help="ticks between plans; each plan is one labelled sample")

@@ -34,6 +34,7 @@ DATASOURCE = "wam-diff-highway"
 # An expert run that ends stationary short of its target (blocked behind a deadlock, or timed out)
 # teaches "stay stopped forever": of its final stationary stretch only the first STUCK_KEEP_S are kept.
 STUCK_KEEP_S = 3.0
+VAL_FRACTION = 0.2  # share of route seeds held out per scenario (the default split of every dataset)
 LEAD_RANGE_M = 100.0
 FREE_LANE_BEHIND_M = 10.0
 FREE_LANE_AHEAD_M = 30.0
@@ -330,7 +331,7 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
 
 
 def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 5, frame_size=(384, 192),
-             val_fraction: float = 0.2, tasks=("planning", "detection", "qa"), progress: bool = True,
+             val_fraction: float = VAL_FRACTION, tasks=("planning", "detection", "qa"), progress: bool = True,
              seed_offsets=(0,), wait_keep_s: Optional[float] = None,
              wait_lead_s: float = HORIZON_S) -> dict:
     out_dir = Path(out_dir)
@@ -376,7 +377,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N routes only")
     parser.add_argument("--every", type=int, default=5, help="sample a frame every N ticks (10 Hz)")
     parser.add_argument("--tasks", default="planning,detection,qa")
-    parser.add_argument("--val-fraction", type=float, default=0.2, help="share of route seeds held out")
+    parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help="share of route seeds held out")
     parser.add_argument("--frame-size", default="384x192")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--wait-keep-s", type=float, default=None,
