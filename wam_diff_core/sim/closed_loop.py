@@ -22,7 +22,7 @@ import numpy as np
 from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..model.settings import steps_for_block
-from .routes import DEFAULT_SUITE, Route, load_routes, suite_version
+from .routes import Route, add_selection_arguments, select_routes, suite_version
 
 ROUTE_DEVIATION_M = {"corridor": 6.0, "road": 3.0}   # junction routes: from the route; others: beyond the road edge
 BLOCKED_AFTER_S = 30.0
@@ -267,10 +267,7 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int]) -> Optiona
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="expert | constant-velocity | checkpoint path or preset")
     parser.add_argument("--out", required=True, help="output directory (routes/*.json, summary.json, videos/)")
-    parser.add_argument("--routes", default=str(DEFAULT_SUITE), help="route suite JSON (default: the bundled routes_v1)")
-    parser.add_argument("--ids", default="", help="comma-separated route ids to run")
-    parser.add_argument("--scenarios", default="", help="comma-separated scenario types to run")
-    parser.add_argument("--limit", type=int, default=None, help="first N routes only")
+    add_selection_arguments(parser)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--video", default="", help="comma-separated route ids to render as video, or 'first'")
     parser.add_argument("--frame-size", default="384x192", help="WxH of the rendered frame")
@@ -284,8 +281,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    routes = load_routes(args.routes, ids=[i for i in args.ids.split(",") if i] or None,
-                         scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
+    routes = select_routes(args)
     if not routes:
         print("no routes selected")
         return 2

@@ -29,7 +29,7 @@ from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT
 from ..eval import bench2drive
 from ..types import Plan
 from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets
-from .routes import DEFAULT_SUITE, Route, load_routes
+from .routes import Route, add_selection_arguments, select_routes
 
 DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
 
@@ -191,10 +191,7 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="checkpoint path or preset that drives")
     parser.add_argument("--out", required=True, help="dataset directory")
-    parser.add_argument("--routes", default=str(DEFAULT_SUITE), help="route suite JSON (default: bundled routes_v1)")
-    parser.add_argument("--ids", default="", help="comma-separated route ids")
-    parser.add_argument("--scenarios", default="", help="comma-separated scenario types")
-    parser.add_argument("--limit", type=int, default=None, help="first N routes only")
+    add_selection_arguments(parser)
     parser.add_argument("--seed-offsets", default=",".join(str(o) for o in DEFAULT_SEED_OFFSETS),
                         help="comma-separated traffic seed offsets per route (default: 3000,4000, unlike the expert data)")
     parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
@@ -211,8 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from .closed_loop import policy_overrides
 
-    routes = load_routes(args.routes, ids=[i for i in args.ids.split(",") if i] or None,
-                         scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
+    routes = select_routes(args)
     if not routes:
         print("no routes selected")
         return 2

@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
-from .routes import DEFAULT_SUITE, Route, load_routes, suite_version
+from .routes import Route, add_selection_arguments, select_routes, suite_version
 
 DATASOURCE = "wam-diff-highway"
 # An expert run that ends stationary short of its target (blocked behind a deadlock, or timed out)
@@ -371,10 +371,7 @@ def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="dataset directory")
-    parser.add_argument("--routes", default=str(DEFAULT_SUITE), help="route suite JSON (default: bundled routes_v1)")
-    parser.add_argument("--ids", default="", help="comma-separated route ids")
-    parser.add_argument("--scenarios", default="", help="comma-separated scenario types")
-    parser.add_argument("--limit", type=int, default=None, help="first N routes only")
+    add_selection_arguments(parser)
     parser.add_argument("--every", type=int, default=5, help="sample a frame every N ticks (10 Hz)")
     parser.add_argument("--tasks", default="planning,detection,qa")
     parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help="share of route seeds held out")
@@ -392,8 +389,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    routes = load_routes(args.routes, ids=[i for i in args.ids.split(",") if i] or None,
-                         scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
+    routes = select_routes(args)
     tasks = tuple(t for t in args.tasks.split(",") if t)
     bad = [t for t in tasks if t not in ("planning", "detection", "qa")]
     if bad:

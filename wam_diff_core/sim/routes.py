@@ -86,3 +86,20 @@ def load_routes(path: Optional[str | Path] = None, ids: Optional[Sequence[str]] 
 def suite_version(path: Optional[str | Path] = None) -> str:
     p = Path(path) if path else DEFAULT_SUITE
     return str(json.loads(p.read_text()).get("version", p.stem))
+
+
+def add_selection_arguments(parser) -> None:
+    """The route-selection options every suite command shares (--routes, --ids, --scenarios, --limit)."""
+    parser.add_argument("--routes", default=str(DEFAULT_SUITE), help="route suite JSON (default: the bundled routes_v1)")
+    parser.add_argument("--ids", default="", help="comma-separated route ids")
+    parser.add_argument("--scenarios", default="", help="comma-separated scenario types")
+    parser.add_argument("--limit", type=int, default=None, help="first N routes only")
+
+
+def select_routes(args) -> list[Route]:
+    """The routes `add_selection_arguments`' options choose; a bad selection exits with its message."""
+    try:
+        return load_routes(args.routes, ids=[i for i in args.ids.split(",") if i] or None,
+                           scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"route selection: {exc}")
