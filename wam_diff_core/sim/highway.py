@@ -300,12 +300,9 @@ class HighwayWorld:
 
         if self.env is None:
             raise RuntimeError("expert_rollout before reset()")
-        ego, env, self.ego, self.env = self.ego, self.env, None, None
-        try:
-            twin = copy.deepcopy(self)
-            twin.env, twin.ego = copy.deepcopy((env, ego))
-        finally:
-            self.ego, self.env = ego, env
+        # one deep copy, so the scenario state's actors stay the copied road's vehicles (the env's own
+        # __deepcopy__ leaves its viewer out)
+        twin = copy.deepcopy(self)
         twin.render_frames = False
         if twin.driver != "expert":
             road = twin.env.road
@@ -315,13 +312,12 @@ class HighwayWorld:
             twin.ego = expert
             twin.driver = "expert"
             expert.on_state_update()
-        xy, yaw = hw_to_world(ego.position), -float(ego.heading)
+        xy, yaw = hw_to_world(self.ego.position), -float(self.ego.heading)
         pts, crashed = [], False
         for _ in range(int(round(seconds / self.dt))):
             tick = twin.step()
             pts.append(tick.pose[:2])
             crashed = crashed or tick.collision
-        twin.env = None  # the copy shares nothing with this world; let it go
         return world_to_ego(np.asarray(pts, dtype=np.float64), xy, yaw), crashed
 
     def close(self) -> None:
