@@ -74,3 +74,20 @@ def test_policy_overrides_decode_block_size_1_with_one_step():
     assert policy_overrides(4, 8) == {"block_size": 4, "steps": 4}   # at most one step per token
     assert policy_overrides(32, None) == {"block_size": 32}          # steps from the checkpoint
     assert policy_overrides(None, 4) == {"steps": 4}
+
+
+def test_worker_threads_splits_the_cores_between_spawned_workers(monkeypatch):
+    import os
+
+    from wam_diff_core.sim.closed_loop import worker_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    with worker_threads(4):
+        assert os.environ["OMP_NUM_THREADS"] == "2"
+    assert "OMP_NUM_THREADS" not in os.environ
+    with worker_threads(1):
+        assert "OMP_NUM_THREADS" not in os.environ
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting wins
+    with worker_threads(4):
+        assert os.environ["OMP_NUM_THREADS"] == "3"

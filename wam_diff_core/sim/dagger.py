@@ -28,6 +28,7 @@ import numpy as np
 from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..types import Plan
+from .closed_loop import worker_threads
 from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets
 from .routes import Route, add_selection_arguments, select_routes
 
@@ -161,7 +162,8 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
         for a in args:
             done(_worker(*a))
     else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+        with worker_threads(workers), \
+                ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
             futs = {ex.submit(_worker, *a): a[0]["route_id"] for a in args}
             for f in as_completed(futs):
                 try:
