@@ -29,7 +29,7 @@ from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT
 from ..eval import bench2drive
 from ..types import Plan
 from .closed_loop import worker_threads
-from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets
+from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets, write_part
 from .routes import Route, add_selection_arguments, select_routes
 
 DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
@@ -108,11 +108,7 @@ def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_
             "expert_crashed": dag.expert_crashed, "expert_steps": dag.expert_steps,
             "invalid_plans": rec["invalid_plans"], "wall_s": rec["wall_s"], "label_s": round(dag.label_s, 3),
             "record": rec}  # the drive's own closed-loop record, scored in stats.json
-    pdir = out_dir / "parts"
-    pdir.mkdir(parents=True, exist_ok=True)
-    tmp = pdir / f"{route.route_id}.json.tmp"
-    tmp.write_text(json.dumps(part))
-    tmp.replace(pdir / f"{route.route_id}.json")  # atomic: a killed run never leaves half a part
+    write_part(out_dir, route.route_id, part)
     return {k: v for k, v in part.items() if k not in ("samples", "scenes", "record")} | {"num_samples": len(dag.samples)}
 
 

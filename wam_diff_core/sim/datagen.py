@@ -271,12 +271,17 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
             "waiting_ticks_dropped": int((~keep[:last + 1]).sum()) if last >= 0 else 0, "ticks": len(ticks),
             "frames": len({s["image"][0] for s in samples}), "samples": samples, "scenes": scenes,
             "wall_s": round(time.perf_counter() - t0, 3)}
-    pdir = out_dir / "parts"
-    pdir.mkdir(parents=True, exist_ok=True)
-    tmp = pdir / f"{route.route_id}.json.tmp"
-    tmp.write_text(json.dumps(part))
-    tmp.replace(pdir / f"{route.route_id}.json")  # atomic: a killed run never leaves half a part
+    write_part(out_dir, route.route_id, part)
     return {k: v for k, v in part.items() if k not in ("samples", "scenes")} | {"num_samples": len(samples)}
+
+
+def write_part(out_dir: Path, route_id: str, part: dict) -> None:
+    """OUT/parts/<route_id>.json, written atomically: a killed run never leaves half a part."""
+    pdir = Path(out_dir) / "parts"
+    pdir.mkdir(parents=True, exist_ok=True)
+    tmp = pdir / f"{route_id}.json.tmp"
+    tmp.write_text(json.dumps(part))
+    tmp.replace(pdir / f"{route_id}.json")
 
 
 def _worker(route_dict, out_dir, every, frame_size, split, tasks, wait_keep_s, wait_lead_s):
