@@ -216,6 +216,25 @@ def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video
     return rec
 
 
+def route_jobs(worker, args: list[tuple], workers: int):
+    """worker(*a) for each job (a[0] is the route dict), in this process or a spawn pool of `workers`
+    (one share of the cores each, `worker_threads`); yields each result as it finishes, None for a
+    route whose worker crashed (reported: it costs its route, not the run)."""
+    if workers <= 1:
+        for a in args:
+            yield worker(*a)
+        return
+    with worker_threads(workers), \
+            ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+        futs = {ex.submit(worker, *a): a[0]["route_id"] for a in args}
+        for f in as_completed(futs):
+            try:
+                yield f.result()
+            except Exception as exc:
+                print(f"route {futs[f]} failed in its worker: {type(exc).__name__}: {exc}")
+                yield None
+
+
 def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: int = 1, video_ids=(),
                 frame_size=(384, 192), replan_every: int = 1, device: str = "cpu", resume: bool = False,
                 progress: bool = True, overrides: Optional[dict] = None) -> dict:
@@ -238,22 +257,11 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
         bar = tqdm(total=len(todo), desc=f"drive {policy_spec}", unit="route")
     args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every,
              overrides) for r in todo]
-    if workers <= 1:
-        for a in args:
-            records.append(_worker(*a))
-            if bar:
-                bar.update(1)
-    else:
-        with worker_threads(workers), \
-                ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(_worker, *a): a[0]["route_id"] for a in args}
-            for f in as_completed(futs):
-                try:
-                    records.append(f.result())
-                except Exception as exc:  # a crashed worker costs its route, not the run
-                    print(f"route {futs[f]} failed in its worker: {type(exc).__name__}: {exc}")
-                if bar:
-                    bar.update(1)
+    for rec in route_jobs(_worker, args, workers):
+        if rec is not None:
+            records.append(rec)
+        if bar:
+            bar.update(1)
     if bar:
         bar.close()
     summary = bench2drive.summarize(records, expected_route_ids=[r.route_id for r in routes])

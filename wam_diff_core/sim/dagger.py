@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Optional
 
@@ -28,7 +26,7 @@ import numpy as np
 from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..types import Plan
-from .closed_loop import worker_threads
+from .closed_loop import route_jobs
 from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets, write_part
 from .routes import Route, add_selection_arguments, select_routes
 
@@ -147,25 +145,11 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
     generated = 0
     args = [(r.to_dict(), policy_spec, device, str(out_dir), beta, tuple(frame_size), every, overrides) for r in todo]
 
-    def done(res):
-        nonlocal generated
-        generated += res["num_samples"]
+    for res in route_jobs(_worker, args, workers):
+        generated += res["num_samples"] if res is not None else 0
         if bar:
             bar.update(1)
             bar.set_postfix(samples=generated)
-
-    if workers <= 1:
-        for a in args:
-            done(_worker(*a))
-    else:
-        with worker_threads(workers), \
-                ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(_worker, *a): a[0]["route_id"] for a in args}
-            for f in as_completed(futs):
-                try:
-                    done(f.result())
-                except Exception as exc:  # a crashed worker costs its route, not the run
-                    print(f"route {futs[f]} failed in its worker: {type(exc).__name__}: {exc}")
     if bar:
         bar.close()
     wall = time.perf_counter() - t0
