@@ -14,6 +14,7 @@ from training.report.table import COLUMNS
 from wam_diff_core.cli import main as wam_diff_main
 from wam_diff_core.model.checkpoint import save_model
 
+EGO_VX = 3.0  # m/s; TRAJ drives 2 m/s, so constant velocity is 0.5 m off per waypoint (4 m at 4 s)
 TRAJ = "1.00,0.00,2.00,0.00,3.00,0.00,4.00,0.00,5.00,0.00,6.00,0.00,7.00,0.00,8.00,0.00"
 
 
@@ -25,7 +26,8 @@ def _dataset(root: Path) -> Path:
         Image.fromarray(rng.integers(0, 256, (32, 64, 3), dtype=np.uint8)).save(root / f"f{i}.png")
         samples += [
             {"id": f"p{i}", "datasource": "toy", "task": "planning", "image": [f"f{i}.png"],
-             "conversations": [{"from": "human", "value": "<image>\nPlan the next 4 s."}, {"from": "gpt", "value": TRAJ}]},
+             "conversations": [{"from": "human", "value": "<image>\nPlan the next 4 s."}, {"from": "gpt", "value": TRAJ}],
+             "meta": {"ego": [EGO_VX, 0.0, 0.0, 0.0, 0.0]}},
             {"id": f"d{i}", "datasource": "toy", "task": "detection", "image": [f"f{i}.png"],
              "conversations": [{"from": "human", "value": "<image>\nDetect every vehicle."},
                                {"from": "gpt", "value": '[{"bbox_2d":[10,20,30,40],"label":"car"}]'}]},
@@ -100,6 +102,10 @@ def test_report_writes_table_json_plots_and_agreement_numbers(setup):
     # closed loop: the baseline drove its one route
     cv = report["baselines"]["constant-velocity"]
     assert cv["num_routes"] == 1 and 0.0 <= cv["driving_score"] <= 100.0
+    # open loop: the baseline's plans on the models' planning samples, 0.5 m more per waypoint
+    cv_l2 = cv["open_loop"]["planning"]["scores"]
+    assert cv_l2["samples"] == 4
+    assert (cv_l2["l2_1.0s"], cv_l2["l2_4.0s"], cv_l2["l2_mean"]) == pytest.approx((1.0, 4.0, 2.25))
     # sweeps and plots
     assert [p["steps"] for p in report["sweeps"]["steps"]["points"]] == [1, 4]
     bs = report["sweeps"]["block_size"]["points"]
@@ -108,7 +114,10 @@ def test_report_writes_table_json_plots_and_agreement_numbers(setup):
         assert (out / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "report.md").read_text()
     assert "| " + " | ".join(COLUMNS) + " |" in md
-    assert md.count("\n| AR | 1 | 1 |") == 1 and "| constant-velocity |" in md
+    assert md.count("\n| AR | 1 | 1 |") == 1
+    cv_row = next(line for line in md.splitlines() if line.startswith("| constant-velocity |")).split(" | ")
+    assert (cv_row[COLUMNS.index("L2 4s")], cv_row[COLUMNS.index("L2 mean")], cv_row[COLUMNS.index("unparsable")]) == \
+        ("4.00", "2.25", "0/4")
     ar_row = next(line for line in md.splitlines() if line.startswith("| AR |")).split(" | ")
     assert ar_row[COLUMNS.index("x AR")] == "1.00"
 

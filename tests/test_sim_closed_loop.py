@@ -8,7 +8,7 @@ pytest.importorskip("highway_env", reason="embedded world dependencies (requirem
 
 from wam_diff_core.eval.score_cli import rescore  # noqa: E402
 from wam_diff_core.sim.closed_loop import drive_suite, policy_overrides, run_route, shift_plan  # noqa: E402
-from wam_diff_core.sim.policies import ConstantVelocityPolicy, ExpertPolicy  # noqa: E402
+from wam_diff_core.sim.policies import ConstantVelocityPolicy, ExpertPlanPolicy, ExpertPolicy, load_policy  # noqa: E402
 from wam_diff_core.sim.routes import Route  # noqa: E402
 from wam_diff_core.types import Plan  # noqa: E402
 
@@ -33,6 +33,15 @@ def test_expert_completes_a_short_route_without_infractions():
     assert rec["infractions"] == [] and rec["invalid_plans"] == 0
     assert rec["efficiency"]["ego_mean_speed"] > 10.0
     assert len(rec["comfort"]["lon_accel"]) == rec["ticks"]
+
+
+def test_expert_plans_tracked_by_the_controller_turn_left_where_constant_velocity_cannot():
+    policy = load_policy("expert-plan")
+    assert isinstance(policy, ExpertPlanPolicy) and not policy.drives_itself
+    unbound = ExpertPlanPolicy().plan([], None, "turn left")
+    assert not unbound.valid and "not bound" in unbound.errors["planning"]
+    rec = run_route(LEFT_TURN, policy, replan_every=4)
+    assert rec["status"] == "Completed" and rec["score"] == 100.0 and rec["invalid_plans"] == 0
 
 
 def test_constant_velocity_cannot_turn_left_at_an_intersection():

@@ -122,6 +122,14 @@ class Report:
             self._write(path, cached)
         return cached
 
+    def constant_velocity_open_loop(self) -> dict:
+        """The constant-velocity baseline on the same planning samples as the models (open loop)."""
+        from .open_loop import constant_velocity_planning
+
+        entry = self.spec.models[0]
+        return constant_velocity_planning(self.spec.data["planning"], self.examples("planning", self.loaded(entry)),
+                                          self.out)
+
     def agreement(self, entry: ModelEntry, loaded: LoadedModel, block_size: int) -> dict:
         from .agreement import top5_agreement
 
@@ -226,6 +234,8 @@ class Report:
                     cl = self.drive(name, f"baseline_{name}", None)
                     self._write(path, cl)
                 baselines[name] = cl
+        if "constant-velocity" in self.spec.baselines and "planning" in self.spec.data:
+            baselines.setdefault("constant-velocity", {})["open_loop"] = {"planning": self.constant_velocity_open_loop()}
         sweeps = {kind: self.sweep(kind) for kind in self.spec.sweeps}
         speed = self.speed_pass() if "planning" in self.spec.data else None
         made = {}

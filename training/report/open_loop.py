@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 from tqdm import tqdm
 
 from wam_diff_core.decoding.block_diffusion import generate
@@ -100,3 +101,26 @@ def evaluate_task(loaded: LoadedModel, split: str, task: str, limit: int, block_
         "tokens": decoded.tokens, "seconds": decoded.seconds, "tokens_per_s": decoded.tokens_per_s,
         "forwards_per_token": decoded.forwards_per_token, "scores": scores.get(task), "predictions": str(pred_path),
     }
+
+
+def constant_velocity_planning(split: str, examples: Sequence[Example], out_dir: Path) -> dict:
+    """The constant-velocity baseline on the models' planning samples: each plan keeps the sample's ego
+    velocity (meta.ego vx, vy) for the horizon, scored like a model's predictions (L2, PDMS). Writes
+    OUT/predictions/baseline_constant-velocity_planning.jsonl."""
+    from wam_diff_core.codec import format_trajectory
+    from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S
+
+    samples = {s["id"]: s for s in json.loads(Path(split).read_text())}
+    t = (np.arange(NUM_WAYPOINTS) + 1) * WAYPOINT_DT_S
+    preds = []
+    for x in examples:
+        ego = (samples.get(x.sample_id) or {}).get("meta", {}).get("ego")
+        if not ego or len(ego) < 2:
+            raise ValueError(f"{split}: sample {x.sample_id!r} has no meta.ego [vx, vy, ...] for the constant-velocity baseline")
+        preds.append({"id": x.sample_id, "text": format_trajectory(np.stack([ego[0] * t, ego[1] * t], axis=1)),
+                      "finished": True})
+    pred_path = out_dir / "predictions" / "baseline_constant-velocity_planning.jsonl"
+    write_predictions(pred_path, Decoded(preds, 0, 0, 0.0))
+    return {"task": "planning", "samples": len(preds), "scores": score_open_loop(Path(split), pred_path).get("planning"),
+            "predictions": str(pred_path)}
+

@@ -35,8 +35,14 @@ def model_row(r: dict, ar_tokens_per_s: Optional[float], speed: Optional[dict] =
 
 
 def baseline_row(name: str, cl: dict) -> list[str]:
+    """A baseline's closed-loop columns, and its open-loop planning ones where it has them."""
     row = ["-"] * len(COLUMNS)
     row[0] = name
+    plan = (cl.get("open_loop") or {}).get("planning")
+    if plan:
+        full = model_row({"name": name, "open_loop": {"planning": plan}}, None)
+        for col in ("L2 1s", "L2 2s", "L2 3s", "L2 4s", "L2 mean", "unparsable", "PDMS"):
+            row[COLUMNS.index(col)] = full[COLUMNS.index(col)]
     row[COLUMNS.index("DS")] = _f(cl.get("driving_score"), 1)
     row[COLUMNS.index("DS held-out")] = _f(cl.get("held_out_driving_score"), 1)
     row[COLUMNS.index("SR %")] = _f(cl.get("success_rate"), 1)

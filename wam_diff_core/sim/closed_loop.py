@@ -292,7 +292,7 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int]) -> Optiona
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", required=True, help="expert | constant-velocity | checkpoint path or preset")
+    parser.add_argument("--policy", required=True, help="expert | expert-plan | constant-velocity | checkpoint path or preset")
     parser.add_argument("--out", required=True, help="output directory (routes/*.json, summary.json, videos/)")
     add_selection_arguments(parser)
     parser.add_argument("--workers", type=int, default=1)

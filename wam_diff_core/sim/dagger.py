@@ -23,11 +23,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
+from ..constants import IMAGE_PLACEHOLDER
 from ..eval import bench2drive
 from ..types import Plan
 from .closed_loop import route_jobs
 from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets, write_part
+from .policies import expert_plan
 from .routes import Route, add_selection_arguments, select_routes
 
 DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
@@ -63,10 +64,8 @@ class DaggerPolicy:
         world = self.world
         k = world._ticks
         t0 = time.perf_counter()
-        path, crashed = world.expert_rollout(HORIZON_S)
+        label, crashed = expert_plan(world)
         self.label_s += time.perf_counter() - t0
-        step = int(round(WAYPOINT_DT_S / world.dt))
-        label = path[step - 1::step][:NUM_WAYPOINTS]
         self.expert_crashed += int(crashed)
         if images:
             rel = f"images/{self.route.route_id}/{k:04d}.png"

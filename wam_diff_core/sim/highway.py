@@ -630,6 +630,31 @@ class HighwayWorld:
         top = int(round(canvas.shape[0] / 2 - self.anchor[1] * self.height))
         return np.asarray(img.crop((left, top, left + self.width, top + self.height)), dtype=np.uint8)
 
+    def render_without_traffic(self) -> np.ndarray:
+        """The current frame with every vehicle but the ego left out (road, markings and ego as in
+        `Tick.frame`): the counterfactual a perception probe compares plans against."""
+        if self.env is None:
+            raise RuntimeError("render_without_traffic before reset()")
+        road = self.env.road
+        others = road.vehicles
+        road.vehicles = [self.ego]
+        try:
+            return self._render(-float(self.ego.heading))
+        finally:
+            road.vehicles = others
+
+    def without_traffic(self) -> "HighwayWorld":
+        """A copy of the world (state, route, scenario) with every vehicle but the ego removed."""
+        import copy
+
+        twin = copy.deepcopy(self)
+        road = twin.env.road
+        road.vehicles = [twin.ego]
+        twin._scenario_state = {}  # no actor to brake or cut in
+        if "spawn_probability" in twin.env.config:
+            twin.env.config["spawn_probability"] = 0.0  # the intersection spawns no new traffic either
+        return twin
+
     # ------------------------------------------------------------------ ground truth on demand
     def lanes_gt(self, radius_m: float = 120.0, step_m: float = 2.0) -> list[dict]:
         """Lane centrelines near the ego, in the ego frame: [{"id", "centre": (N, 2), "width"}]."""

@@ -8,10 +8,10 @@ from typing import Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
+from ..constants import HORIZON_S, NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..types import EgoState, Plan
 
-BASELINES = ("expert", "constant-velocity")
+BASELINES = ("expert", "expert-plan", "constant-velocity")
 
 
 @runtime_checkable
@@ -50,6 +50,35 @@ class ExpertPolicy:
         return Plan(trajectory=self.world.expert_intent(), valid=True)
 
 
+def expert_plan(world) -> tuple[np.ndarray, bool]:
+    """The expert's plan from the world's current state in the planning format: the ego positions of
+    `world.expert_rollout(HORIZON_S)` at the waypoint times, (NUM_WAYPOINTS, 2) in the ego frame, and
+    whether the expert collided within the horizon."""
+    path, crashed = world.expert_rollout(HORIZON_S)
+    step = int(round(WAYPOINT_DT_S / world.dt))
+    return path[step - 1::step][:NUM_WAYPOINTS], crashed
+
+
+class ExpertPlanPolicy:
+    """The expert as a planner: every plan is the expert's rollout from the current state (`expert_plan`),
+    tracked by the same controller, cadence and plan format as a learned policy. Its score is the ceiling
+    of the plan-and-track interface: what a model that predicted the expert's plans exactly would drive."""
+
+    needs_images = False
+    drives_itself = False
+
+    def __init__(self):
+        self.world = None
+
+    def bind(self, world) -> None:
+        self.world = world
+
+    def plan(self, images, ego: EgoState, command: str) -> Plan:
+        if self.world is None:
+            return Plan(trajectory=None, valid=False, errors={"planning": "expert-plan not bound to a world"})
+        return Plan(trajectory=expert_plan(self.world)[0], valid=True)
+
+
 class LearnedPolicy:
     """Adapter around wam_diff_core.policy.DrivingPolicy (frames in, trajectory out)."""
 
@@ -68,10 +97,12 @@ class LearnedPolicy:
 
 
 def load_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = None):
-    """'expert', 'constant-velocity', or a checkpoint path / preset name for DrivingPolicy (decoding
+    """'expert', 'expert-plan', 'constant-velocity', or a checkpoint path / preset name for DrivingPolicy (decoding
     as its `wam_diff.json` says, with `overrides` of PolicyConfig fields on top)."""
     if spec == "expert":
         return ExpertPolicy()
+    if spec == "expert-plan":
+        return ExpertPlanPolicy()
     if spec == "constant-velocity":
         return ConstantVelocityPolicy()
     return LearnedPolicy(spec, device=device, overrides=overrides)
