@@ -15,6 +15,7 @@ COMMANDS = {
     "decode": ("wam_diff_core.decode_cli", "decode one prompt (image + ego state) and print the plan"),
     "data": ("wam_diff_core.sim.datagen", "generate planning/detection/QA datasets from the embedded world"),
     "dagger": ("wam_diff_core.sim.dagger", "planning data on the states a learned policy reaches, labelled by the expert"),
+    "counterfactual": ("wam_diff_core.sim.counterfactual", "planning pairs that differ only in the traffic in view (expert-labelled)"),
     "sensitivity": ("wam_diff_core.sim.sensitivity", "does a planner slow down for the traffic it sees? (counterfactual frames)"),
     "drive": ("wam_diff_core.sim.closed_loop", "closed-loop driving on the embedded route suite"),
     "score": ("wam_diff_core.eval.score_cli", "re-score saved per-route closed-loop results"),

@@ -29,9 +29,31 @@ from ..types import Plan
 from .closed_loop import route_jobs
 from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets, write_part
 from .policies import expert_plan
-from .routes import Route, add_selection_arguments, select_routes
+from .routes import Route, add_selection_arguments, load_routes, select_routes
 
 DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
+
+
+def planning_sample(out_dir: Path, route: Route, tick: int, dt: float, frame: np.ndarray, ego, command: str,
+                    label: np.ndarray, source: str, suffix: str = "", **meta) -> dict:
+    """One planning sample in the ARCHITECTURE format: saves the frame as
+    OUT/images/<route>/<tick><suffix>.png and asks the planning question with `label` as the answer;
+    `source` and `meta` go into its meta."""
+    from PIL import Image
+
+    from ..codec import format_trajectory
+    from ..prompts import planning_prompt
+
+    rel = f"images/{route.route_id}/{tick:04d}{suffix}.png"
+    (Path(out_dir) / rel).parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(frame).save(Path(out_dir) / rel, compress_level=1)
+    return {
+        "id": f"{route.route_id}_{tick:04d}{suffix}_plan", "datasource": DATASOURCE, "task": "planning", "image": [rel],
+        "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(ego, command)}"},
+                          {"from": "gpt", "value": format_trajectory(label)}],
+        "meta": {"route_id": route.route_id, "scenario": route.scenario, "seed": route.seed, "tick": tick,
+                 "t": round(tick * dt, 3), "split": "train", "command": command,
+                 "ego": [ego.vx, ego.vy, ego.ax, ego.ay, ego.yaw_rate], "source": source, **meta}}
 
 
 class DaggerPolicy:
@@ -56,11 +78,6 @@ class DaggerPolicy:
         self.world = world
 
     def plan(self, images, ego, command: str) -> Plan:
-        from PIL import Image
-
-        from ..codec import format_trajectory
-        from ..prompts import planning_prompt
-
         world = self.world
         k = world._ticks
         t0 = time.perf_counter()
@@ -68,19 +85,8 @@ class DaggerPolicy:
         self.label_s += time.perf_counter() - t0
         self.expert_crashed += int(crashed)
         if images:
-            rel = f"images/{self.route.route_id}/{k:04d}.png"
-            (self.out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(images[0]).save(self.out_dir / rel, compress_level=1)
-            meta = {"route_id": self.route.route_id, "scenario": self.route.scenario, "seed": self.route.seed,
-                    "tick": k, "t": round(k * world.dt, 3), "split": "train", "command": command,
-                    "ego": [ego.vx, ego.vy, ego.ax, ego.ay, ego.yaw_rate], "source": "dagger",
-                    "expert_crashed": bool(crashed)}
-            self.samples.append({
-                "id": f"{self.route.route_id}_{k:04d}_plan", "datasource": DATASOURCE, "task": "planning",
-                "image": [rel],
-                "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(ego, command)}"},
-                                  {"from": "gpt", "value": format_trajectory(label)}],
-                "meta": meta})
+            self.samples.append(planning_sample(self.out_dir, self.route, k, world.dt, images[0], ego, command, label,
+                                                source="dagger", expert_crashed=bool(crashed)))
         if self.beta > 0.0 and self.rng.random() < self.beta:
             self.expert_steps += 1
             return Plan(trajectory=label, valid=True)
@@ -125,13 +131,16 @@ def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, beta:
 
 def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS,
             val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=(256, 128), every: int = 4, workers: int = 1,
-            device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True) -> dict:
-    """Drive the training-split routes (once per seed offset) and write the DAgger dataset."""
+            device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True,
+            split_over: Optional[list[Route]] = None) -> dict:
+    """Drive the training-split routes (once per seed offset) and write the DAgger dataset. The split is
+    drawn over `split_over` (the whole suite; default: `routes`)."""
     if every < 1:
         raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    splits = assign_splits(routes, val_fraction)
+    # the split of the whole suite, so a selection (--ids) never drives a route `wam-diff data` holds out
+    splits = {r.route_id: "train" for r in routes} | assign_splits(list(split_over or routes), val_fraction)
     train_routes = [r for r in routes if splits[r.route_id] == "train"]
     driven, _ = with_seed_offsets(train_routes, list(seed_offsets))
     todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
@@ -201,7 +210,7 @@ def run(args) -> int:
                          "expected comma-separated integers and WxH")
     stats = collect(routes, args.policy, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction,
                     beta=args.beta, frame_size=(w, h), every=args.every, workers=args.workers, device=args.device,
-                    overrides=policy_overrides(args.block_size, args.steps))
+                    overrides=policy_overrides(args.block_size, args.steps), split_over=load_routes(args.routes))
     print(json.dumps({k: stats[k] for k in ("samples", "routes", "drives", "expert_crashed_labels",
                                              "expert_executed_plans", "wall_s", "label_s")}, indent=2))
     return 0

@@ -1,0 +1,156 @@
+"""`wam-diff counterfactual`: planning pairs that differ only in the traffic the camera sees.
+
+A cloned planner can score well by reading the ego speed in its prompt and ignoring the image (the
+"copycat" / causal-confusion failure of behaviour cloning; `wam-diff sensitivity` measures it). Here
+the expert drives each training-split route; every `every` ticks two samples share the ego state and
+the command: the real frame with the expert's plan from the world as it is, and the same frame
+rendered without the other vehicles (`HighwayWorld.render_without_traffic`) with the expert's plan in a
+copy of the world without them (`HighwayWorld.without_traffic`). Only the image tells the two answers
+apart, so the pair's loss can only fall by looking at the traffic. Pairs whose two plans differ by
+less than `min_change_m` (mean waypoint distance) teach nothing new and are left out.
+
+Output follows `wam-diff data` (OUT/parts/<route>.json, resumable; OUT/train.json; OUT/stats.json;
+OUT/images/), samples with meta.source "counterfactual", meta.traffic true/false and meta.pair.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .dagger import planning_sample
+from .datagen import VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets, write_part
+from .routes import Route, add_selection_arguments, load_routes, select_routes
+
+DEFAULT_SEED_OFFSETS = (5000,)  # `wam-diff data` uses 0, 1000, 2000; `wam-diff dagger` 3000, 4000
+DEFAULT_EVERY = 10
+DEFAULT_MIN_CHANGE_M = 1.0
+
+
+def generate_route(route: Route, out_dir: Path, every: int = DEFAULT_EVERY, frame_size=(256, 128),
+                   min_change_m: float = DEFAULT_MIN_CHANGE_M) -> dict:
+    """Drive one route with the expert and write its pairs to OUT/parts/<route_id>.json."""
+    from .highway import HighwayWorld
+    from .policies import expert_plan
+
+    t0 = time.perf_counter()
+    world = HighwayWorld(route, frame_size=frame_size, driver="expert", render=True)
+    tick = world.reset()
+    samples, probes, skipped_small, skipped_crash = [], 0, 0, 0
+    try:
+        while True:
+            k = world._ticks
+            if k % every == 0:
+                probes += 1
+                real, crashed = expert_plan(world)
+                empty, crashed_empty = expert_plan(world.without_traffic())
+                change = float(np.linalg.norm(real - empty, axis=1).mean())
+                if crashed or crashed_empty:
+                    skipped_crash += 1
+                elif change < min_change_m:
+                    skipped_small += 1
+                else:
+                    first = planning_sample(out_dir, route, k, world.dt, tick.frame, tick.ego, tick.command, real,
+                                            source="counterfactual", traffic=True, plan_change_m=round(change, 3))
+                    second = planning_sample(out_dir, route, k, world.dt, world.render_without_traffic(), tick.ego,
+                                             tick.command, empty, source="counterfactual", suffix="_cf", traffic=False,
+                                             plan_change_m=round(change, 3), pair=first["id"])
+                    first["meta"]["pair"] = second["id"]
+                    samples += [first, second]
+            if tick.collision or tick.progress_m >= route.target_distance_m or tick.t >= route.time_limit_s - 1e-9:
+                break
+            tick = world.step()
+    finally:
+        world.close()
+    part = {"route": route.to_dict(), "split": "train", "crashed": bool(tick.collision), "frames": probes,
+            "samples": samples, "scenes": [], "skipped_small_change": skipped_small,
+            "skipped_expert_crashed": skipped_crash, "wall_s": round(time.perf_counter() - t0, 2)}
+    write_part(out_dir, route.route_id, part)
+    return {"route_id": route.route_id, "pairs": len(samples) // 2, "probes": probes}
+
+
+def _worker(route_dict: dict, out_dir: str, every: int, frame_size, min_change_m: float) -> dict:
+    return generate_route(Route(**route_dict), Path(out_dir), every, frame_size, min_change_m)
+
+
+def generate(routes: list[Route], out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS, val_fraction: float = VAL_FRACTION,
+             every: int = DEFAULT_EVERY, frame_size=(256, 128), min_change_m: float = DEFAULT_MIN_CHANGE_M,
+             workers: int = 1, progress: bool = True, split_over: Optional[list[Route]] = None) -> dict:
+    """Pairs on the training-split routes (once per seed offset); held-out routes are never driven. The
+    split is drawn over `split_over` (the whole suite; default: `routes`)."""
+    from .closed_loop import route_jobs
+
+    if every < 1:
+        raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
+    if min_change_m < 0:
+        raise ValueError(f"min_change_m {min_change_m}: expected metres >= 0")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # the split of the whole suite, so a selection (--ids) never drives a route `wam-diff data` holds out
+    splits = {r.route_id: "train" for r in routes} | assign_splits(list(split_over or routes), val_fraction)
+    driven, _ = with_seed_offsets([r for r in routes if splits[r.route_id] == "train"], list(seed_offsets))
+    todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(driven), initial=len(driven) - len(todo), desc="counterfactual", unit="route")
+    t0 = time.perf_counter()
+    pairs = 0
+    for res in route_jobs(_worker, [(r.to_dict(), str(out_dir), every, tuple(frame_size), min_change_m) for r in todo],
+                          workers):
+        pairs += res["pairs"] if res is not None else 0
+        if bar:
+            bar.update(1)
+            bar.set_postfix(pairs=pairs)
+    if bar:
+        bar.close()
+    stats = merge_parts(out_dir, driven, time.perf_counter() - t0, 2 * pairs)
+    parts = [json.loads(p.read_text()) for r in driven if (p := out_dir / "parts" / f"{r.route_id}.json").is_file()]
+    stats.update({"every": every, "min_change_m": min_change_m, "seed_offsets": list(seed_offsets),
+                  "pairs": sum(len(p["samples"]) // 2 for p in parts),
+                  "skipped_small_change": sum(p["skipped_small_change"] for p in parts),
+                  "skipped_expert_crashed": sum(p["skipped_expert_crashed"] for p in parts),
+                  "held_out_routes": sorted(r.route_id for r in routes if splits[r.route_id] == "val")})
+    (out_dir / "stats.json").write_text(json.dumps(stats, indent=2))
+    return stats
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="dataset directory")
+    add_selection_arguments(parser)
+    parser.add_argument("--seed-offsets", default=",".join(str(o) for o in DEFAULT_SEED_OFFSETS),
+                        help="comma-separated traffic seed offsets per route (default: 5000)")
+    parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
+                        help="share of route seeds held out (as in `wam-diff data`); held-out routes are not driven")
+    parser.add_argument("--every", type=int, default=DEFAULT_EVERY, help="ticks between pairs")
+    parser.add_argument("--min-change", type=float, default=DEFAULT_MIN_CHANGE_M,
+                        help="leave out pairs whose expert plans differ by less (mean waypoint distance, m)")
+    parser.add_argument("--frame-size", default="256x128")
+    parser.add_argument("--workers", type=int, default=1)
+
+
+def run(args) -> int:
+    routes = select_routes(args)
+    if not routes:
+        print("no routes selected")
+        return 2
+    try:
+        offsets = [int(v) for v in args.seed_offsets.split(",") if v.strip()]
+        w, h = (int(v) for v in args.frame_size.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--seed-offsets {args.seed_offsets!r} / --frame-size {args.frame_size!r}: "
+                         "expected comma-separated integers and WxH")
+    try:
+        stats = generate(routes, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction, every=args.every,
+                         frame_size=(w, h), min_change_m=args.min_change, workers=args.workers,
+                         split_over=load_routes(args.routes))
+    except ValueError as exc:
+        raise SystemExit(f"wam-diff counterfactual: {exc}")
+    print(json.dumps({k: stats[k] for k in ("pairs", "samples", "routes", "skipped_small_change",
+                                             "skipped_expert_crashed", "wall_s")}, indent=2))
+    return 0
