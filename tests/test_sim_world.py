@@ -115,3 +115,28 @@ def test_roundabout_route_reference_follows_the_ring_lane_the_expert_drives():
         worst = max(worst, tick.route_deviation_m)
     assert tick.progress_m >= route.target_distance_m
     assert worst < 3.5
+
+
+def test_expert_takeover_off_the_route_starts_at_the_nearest_route_lane():
+    """A policy ego whose nearest lane is a ring segment the route does not take (sx -> se, just before
+    the entry joins the ring): the expert takes over on the nearest route lane with the route from there,
+    never the route's stale head (highway-env then picks its next road by distance)."""
+    from wam_diff_core.sim.highway import HighwayWorld
+    from wam_diff_core.sim.routes import load_routes
+
+    route = load_routes(ids=["roundabout_00"])[0]
+    world = HighwayWorld(route, driver="policy", render=False)
+    world.reset()
+    try:
+        net = world.env.road.network
+        ring = net.get_lane(("sx", "se", 1))
+        assert all(tuple(r[:2]) != ("sx", "se") for r in world._route_lanes)
+        ego = world.ego
+        ego.position = ring.position(ring.length - 1.0, 0.0)
+        ego.lane_index, ego.lane = ("sx", "se", 1), ring
+        target, ahead = world._route_ahead(ego)
+        assert tuple(target[:2]) == tuple(ahead[0][:2]) != ("ser", "ses")
+        assert net.get_lane(target).distance(ego.position) < 3.0
+        assert len(ahead) < len(world._route_lanes)
+    finally:
+        world.close()

@@ -279,17 +279,23 @@ class HighwayWorld:
         highway-env follows a route only while its first entry is the current road (a stale head makes
         it pick the next road by distance), and at a fork the closest lane can be the branch the route
         does not take (on the ring just before the exit): there the route's own branch is taken.
-        Off the route: the vehicle's lane and the whole route."""
+        Elsewhere (the nearest lane is a road the route does not take, e.g. the ring segment ending where
+        the entry joins it): the route's entry whose lane is nearest the vehicle, and the route from there."""
         li, lanes = tuple(vehicle.lane_index), list(self._route_lanes)
+        if not lanes:
+            return li, lanes
         for i, r in enumerate(lanes):
             if tuple(r[:2]) == li[:2]:
                 return li, lanes[i:]
+        graph = self.env.road.network.graph
         for i, r in enumerate(lanes):
             if r[0] == li[0]:  # a fork: the route leaves this node on another road
                 lane = self._route_lane(r, vehicle.position)
-                road = self.env.road.network.graph[r[0]][r[1]]
-                return (r[0], r[1], road.index(lane)), lanes[i:]
-        return li, lanes
+                return (r[0], r[1], graph[r[0]][r[1]].index(lane)), lanes[i:]
+        best = min(range(len(lanes)), key=lambda i: float(self._route_lane(lanes[i], vehicle.position).distance(vehicle.position)))
+        lane = self._route_lane(lanes[best], vehicle.position)
+        r = lanes[best]
+        return (r[0], r[1], graph[r[0]][r[1]].index(lane)), lanes[best:]
 
     def expert_rollout(self, seconds: float) -> tuple[np.ndarray, bool]:
         """What the expert would drive from the current state: a copy of the world (traffic, scenario
