@@ -66,14 +66,14 @@ def test_dagger_policy_labels_every_plan_and_beta_one_drives_the_expert(tmp_path
 
 
 def test_collect_drives_training_routes_only_and_writes_a_dataset(tmp_path, monkeypatch):
-    import wam_diff_core.sim.dagger as dagger
-
     routes = [Route(f"g_{i}", "highway", 40 + i, 1.0, 40.0, 5.0, {"lanes": 3, "vehicles": 4, "ego_speed": 15.0})
               for i in range(5)]
     held_out = [r.route_id for r in routes if assign_splits(routes, 0.2)[r.route_id] == "val"]
     assert len(held_out) == 1
-    monkeypatch.setattr(dagger, "_POLICY", ConstantVelocityPolicy())
-    dagger._POLICY._spec = ("cv", "null")
+    import wam_diff_core.sim.policies as policies
+
+    monkeypatch.setattr(policies, "_CACHED", {})
+    monkeypatch.setattr(policies, "load_policy", lambda spec, device="cpu", overrides=None: ConstantVelocityPolicy())
     stats = collect(routes, "cv", tmp_path, seed_offsets=(7,), frame_size=(128, 64), progress=False)
     driven = set(stats["statuses"])
     assert driven == {f"{r.route_id}_s7" for r in routes if r.route_id not in held_out}

@@ -17,14 +17,14 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..model.settings import steps_for_block
-from .routes import Route, add_selection_arguments, select_routes, suite_version
+from .routes import Route, add_selection_arguments, parse_frame_size, select_routes, suite_version
 
 ROUTE_DEVIATION_M = {"corridor": 6.0, "road": 3.0}   # junction routes: from the route; others: beyond the road edge
 BLOCKED_AFTER_S = 30.0
@@ -179,7 +179,6 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
 
 
 # ---------------------------------------------------------------- workers
-_POLICY = None
 
 
 @contextlib.contextmanager
@@ -200,26 +199,45 @@ def worker_threads(workers: int):
 
 def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video: bool, frame_size, replan_every: int,
             overrides: Optional[dict] = None) -> dict:
-    global _POLICY
-    from .policies import load_policy
+    from .policies import cached_policy
 
-    key = (policy_spec, json.dumps(overrides, sort_keys=True))
-    if _POLICY is None or getattr(_POLICY, "_spec", None) != key:
-        _POLICY = load_policy(policy_spec, device=device, overrides=overrides)
-        _POLICY._spec = key
-        _POLICY.name = policy_spec
     route = Route(**route_dict)
-    rec = run_route(route, _POLICY, out_dir=Path(out_dir), video=video, frame_size=frame_size, replan_every=replan_every)
+    rec = run_route(route, cached_policy(policy_spec, device, overrides), out_dir=Path(out_dir), video=video,
+                    frame_size=frame_size, replan_every=replan_every)
     path = Path(out_dir) / "routes" / f"{route.route_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec))
     return rec
 
 
-def route_jobs(worker, args: list[tuple], workers: int):
+def route_jobs(worker, args: list[tuple], workers: int, *, desc: Optional[str] = None, total: Optional[int] = None,
+               postfix: Optional[Callable[[list], dict]] = None):
     """worker(*a) for each job (a[0] is the route dict), in this process or a spawn pool of `workers`
     (one share of the cores each, `worker_threads`); yields each result as it finishes, None for a
-    route whose worker crashed (reported: it costs its route, not the run)."""
+    route whose worker crashed (reported: it costs its route, not the run). With `desc`: a progress bar
+    over `total` routes (default: the jobs; more when some were done before), `postfix(results so far)`
+    shown beside it."""
+    bar = None
+    if desc is not None:
+        from tqdm import tqdm
+
+        total = len(args) if total is None else total
+        bar = tqdm(total=total, initial=total - len(args), desc=desc, unit="route")
+    done = []
+    try:
+        for res in _run_jobs(worker, args, workers):
+            done.append(res)
+            if bar is not None:
+                bar.update(1)
+                if postfix is not None:
+                    bar.set_postfix(postfix([r for r in done if r is not None]))
+            yield res
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _run_jobs(worker, args: list[tuple], workers: int):
     if workers <= 1:
         for a in args:
             yield worker(*a)
@@ -250,20 +268,10 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
         else:
             todo.append(r)
     t0 = time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(todo), desc=f"drive {policy_spec}", unit="route")
     args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every,
              overrides) for r in todo]
-    for rec in route_jobs(_worker, args, workers):
-        if rec is not None:
-            records.append(rec)
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.close()
+    records += [rec for rec in route_jobs(_worker, args, workers, desc=f"drive {policy_spec}" if progress else None)
+                if rec is not None]
     summary = bench2drive.summarize(records, expected_route_ids=[r.route_id for r in routes])
     summary.update({
         "policy": policy_spec,
@@ -291,6 +299,15 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int]) -> Optiona
     return out or None
 
 
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device, --block-size, --steps: how every suite command runs a learned policy (see `policy_overrides`)."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="learned policy: decode with this block size (default: the checkpoint's own)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="learned policy: denoising steps per block (default: the checkpoint's own)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="expert | expert-plan | constant-velocity | checkpoint path or preset")
     parser.add_argument("--out", required=True, help="output directory (routes/*.json, summary.json, videos/)")
@@ -299,11 +316,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--video", default="", help="comma-separated route ids to render as video, or 'first'")
     parser.add_argument("--frame-size", default="384x192", help="WxH of the rendered frame")
     parser.add_argument("--replan-every", type=int, default=1, help="ticks between policy calls (10 Hz ticks)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--block-size", type=int, default=None,
-                        help="learned policy: decode with this block size (default: the checkpoint's own)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="learned policy: denoising steps per block (default: the checkpoint's own)")
+    add_decoding_arguments(parser)
     parser.add_argument("--resume", action="store_true", help="keep routes already written in OUT/routes")
 
 
@@ -312,7 +325,7 @@ def run(args) -> int:
     if not routes:
         print("no routes selected")
         return 2
-    w, h = (int(v) for v in args.frame_size.lower().split("x"))
+    w, h = parse_frame_size(args.frame_size)
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
                           frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume,

@@ -23,8 +23,9 @@ from typing import Optional
 import numpy as np
 
 from .dagger import planning_sample
-from .datagen import VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets, write_part
-from .routes import Route, add_selection_arguments, load_routes, select_routes
+from .datagen import VAL_FRACTION, add_split_arguments, assign_splits, merge_parts, with_seed_offsets, write_part
+from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
+                     select_routes)
 
 DEFAULT_SEED_OFFSETS = (5000,)  # `wam-diff data` uses 0, 1000, 2000; `wam-diff dagger` 3000, 4000
 DEFAULT_EVERY = 10
@@ -94,21 +95,12 @@ def generate(routes: list[Route], out_dir: Path, *, seed_offsets=DEFAULT_SEED_OF
     splits = {r.route_id: "train" for r in routes} | assign_splits(list(split_over or routes), val_fraction)
     driven, _ = with_seed_offsets([r for r in routes if splits[r.route_id] == "train"], list(seed_offsets))
     todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(driven), initial=len(driven) - len(todo), desc="counterfactual", unit="route")
     t0 = time.perf_counter()
-    pairs = 0
-    for res in route_jobs(_worker, [(r.to_dict(), str(out_dir), every, tuple(frame_size), min_change_m) for r in todo],
-                          workers):
-        pairs += res["pairs"] if res is not None else 0
-        if bar:
-            bar.update(1)
-            bar.set_postfix(pairs=pairs)
-    if bar:
-        bar.close()
+    args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), min_change_m) for r in todo]
+    done = [res for res in route_jobs(_worker, args, workers, desc="counterfactual" if progress else None,
+                                      total=len(driven), postfix=lambda d: {"pairs": sum(r["pairs"] for r in d)})
+            if res is not None]
+    pairs = sum(r["pairs"] for r in done)
     stats = merge_parts(out_dir, driven, time.perf_counter() - t0, 2 * pairs)
     parts = [json.loads(p.read_text()) for r in driven if (p := out_dir / "parts" / f"{r.route_id}.json").is_file()]
     stats.update({"every": every, "min_change_m": min_change_m, "seed_offsets": list(seed_offsets),
@@ -123,10 +115,7 @@ def generate(routes: list[Route], out_dir: Path, *, seed_offsets=DEFAULT_SEED_OF
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="dataset directory")
     add_selection_arguments(parser)
-    parser.add_argument("--seed-offsets", default=",".join(str(o) for o in DEFAULT_SEED_OFFSETS),
-                        help="comma-separated traffic seed offsets per route (default: 5000)")
-    parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
-                        help="share of route seeds held out (as in `wam-diff data`); held-out routes are not driven")
+    add_split_arguments(parser, DEFAULT_SEED_OFFSETS)
     parser.add_argument("--every", type=int, default=DEFAULT_EVERY, help="ticks between pairs")
     parser.add_argument("--min-change", type=float, default=DEFAULT_MIN_CHANGE_M,
                         help="leave out pairs whose expert plans differ by less (mean waypoint distance, m)")
@@ -139,12 +128,7 @@ def run(args) -> int:
     if not routes:
         print("no routes selected")
         return 2
-    try:
-        offsets = [int(v) for v in args.seed_offsets.split(",") if v.strip()]
-        w, h = (int(v) for v in args.frame_size.lower().split("x"))
-    except ValueError:
-        raise SystemExit(f"--seed-offsets {args.seed_offsets!r} / --frame-size {args.frame_size!r}: "
-                         "expected comma-separated integers and WxH")
+    offsets, (w, h) = parse_seed_offsets(args.seed_offsets), parse_frame_size(args.frame_size)
     try:
         stats = generate(routes, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction, every=args.every,
                          frame_size=(w, h), min_change_m=args.min_change, workers=args.workers,

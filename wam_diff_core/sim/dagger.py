@@ -27,9 +27,11 @@ from ..constants import IMAGE_PLACEHOLDER
 from ..eval import bench2drive
 from ..types import Plan
 from .closed_loop import route_jobs
-from .datagen import DATASOURCE, VAL_FRACTION, assign_splits, merge_parts, with_seed_offsets, write_part
+from .datagen import (DATASOURCE, VAL_FRACTION, add_split_arguments, assign_splits, merge_parts, with_seed_offsets,
+                      write_part)
 from .policies import expert_plan
-from .routes import Route, add_selection_arguments, load_routes, select_routes
+from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
+                     select_routes)
 
 DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
 
@@ -94,9 +96,6 @@ class DaggerPolicy:
 
 
 # ---------------------------------------------------------------- one route, workers
-_POLICY = None
-
-
 def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_size=(256, 128),
                   every: int = 4, seed: int = 0) -> dict:
     """Drive one route with `policy`, labelling every planning tick; write OUT/parts/<route_id>.json."""
@@ -117,16 +116,15 @@ def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_
 
 def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, beta: float, frame_size, every: int,
             overrides: Optional[dict]) -> dict:
-    global _POLICY
-    from .policies import load_policy
+    from .policies import cached_policy
 
-    key = (policy_spec, json.dumps(overrides, sort_keys=True))
-    if _POLICY is None or getattr(_POLICY, "_spec", None) != key:
-        _POLICY = load_policy(policy_spec, device=device, overrides=overrides)
-        _POLICY._spec = key
     route = Route(**route_dict)
-    return collect_route(route, _POLICY, Path(out_dir), beta=beta, frame_size=frame_size, every=every,
-                         seed=route.seed)
+    return collect_route(route, cached_policy(policy_spec, device, overrides), Path(out_dir), beta=beta,
+                         frame_size=frame_size, every=every, seed=route.seed)
+
+
+def _samples_postfix(done: list) -> dict:
+    return {"samples": sum(r["num_samples"] for r in done)}
 
 
 def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS,
@@ -144,22 +142,11 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
     train_routes = [r for r in routes if splits[r.route_id] == "train"]
     driven, _ = with_seed_offsets(train_routes, list(seed_offsets))
     todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(driven), initial=len(driven) - len(todo), desc=f"dagger {policy_spec}", unit="route")
     t0 = time.perf_counter()
-    generated = 0
     args = [(r.to_dict(), policy_spec, device, str(out_dir), beta, tuple(frame_size), every, overrides) for r in todo]
-
-    for res in route_jobs(_worker, args, workers):
-        generated += res["num_samples"] if res is not None else 0
-        if bar:
-            bar.update(1)
-            bar.set_postfix(samples=generated)
-    if bar:
-        bar.close()
+    done = [res for res in route_jobs(_worker, args, workers, desc=f"dagger {policy_spec}" if progress else None,
+                                      total=len(driven), postfix=_samples_postfix) if res is not None]
+    generated = sum(res["num_samples"] for res in done)
     wall = time.perf_counter() - t0
     stats = merge_parts(out_dir, driven, wall, generated)
     parts = [json.loads(p.read_text()) for r in driven if (p := out_dir / "parts" / f"{r.route_id}.json").is_file()]
@@ -179,20 +166,17 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
 
 # ---------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .closed_loop import add_decoding_arguments
+
     parser.add_argument("--policy", required=True, help="checkpoint path or preset that drives")
     parser.add_argument("--out", required=True, help="dataset directory")
     add_selection_arguments(parser)
-    parser.add_argument("--seed-offsets", default=",".join(str(o) for o in DEFAULT_SEED_OFFSETS),
-                        help="comma-separated traffic seed offsets per route (default: 3000,4000, unlike the expert data)")
-    parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
-                        help="share of route seeds held out (as in `wam-diff data`); held-out routes are not driven")
+    add_split_arguments(parser, DEFAULT_SEED_OFFSETS, ", unlike the expert data")
     parser.add_argument("--beta", type=float, default=0.0, help="probability that a plan is the expert's (0..1)")
     parser.add_argument("--every", type=int, default=4, help="ticks between plans; each plan is one labelled sample")
     parser.add_argument("--frame-size", default="256x128")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--block-size", type=int, default=None, help="decode with this block size (default: the checkpoint's)")
-    parser.add_argument("--steps", type=int, default=None, help="denoising steps per block (default: the checkpoint's)")
+    add_decoding_arguments(parser)
 
 
 def run(args) -> int:
@@ -202,12 +186,7 @@ def run(args) -> int:
     if not routes:
         print("no routes selected")
         return 2
-    try:
-        offsets = [int(v) for v in args.seed_offsets.split(",") if v.strip()]
-        w, h = (int(v) for v in args.frame_size.lower().split("x"))
-    except ValueError:
-        raise SystemExit(f"--seed-offsets {args.seed_offsets!r} / --frame-size {args.frame_size!r}: "
-                         "expected comma-separated integers and WxH")
+    offsets, (w, h) = parse_seed_offsets(args.seed_offsets), parse_frame_size(args.frame_size)
     stats = collect(routes, args.policy, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction,
                     beta=args.beta, frame_size=(w, h), every=args.every, workers=args.workers, device=args.device,
                     overrides=policy_overrides(args.block_size, args.steps), split_over=load_routes(args.routes))

@@ -17,10 +17,8 @@ import argparse
 import hashlib
 import json
 import math
-import multiprocessing as mp
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -28,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
-from .routes import Route, add_selection_arguments, select_routes, suite_version
+from .routes import Route, add_selection_arguments, parse_frame_size, parse_seed_offsets, select_routes, suite_version
 
 DATASOURCE = "wam-diff-highway"
 # An expert run that ends stationary short of its target (blocked behind a deadlock, or timed out)
@@ -339,39 +337,31 @@ def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 
              val_fraction: float = VAL_FRACTION, tasks=("planning", "detection", "qa"), progress: bool = True,
              seed_offsets=(0,), wait_keep_s: Optional[float] = None,
              wait_lead_s: float = HORIZON_S) -> dict:
+    from .closed_loop import route_jobs
+
     out_dir = Path(out_dir)
     base_splits = assign_splits(routes, val_fraction)
     routes, base = with_seed_offsets(routes, list(seed_offsets))
     splits = {rid: base_splits[b] for rid, b in base.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = [r for r in routes if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(routes), initial=len(routes) - len(todo), desc="data", unit="route")
     t0 = time.perf_counter()
-    generated = 0
     args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), splits[r.route_id], tuple(tasks), wait_keep_s,
              wait_lead_s)
             for r in todo]
-    if workers <= 1:
-        for a in args:
-            generated += _worker(*a)["num_samples"]
-            if bar:
-                bar.update(1)
-                bar.set_postfix(samples=generated)
-    else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-            futs = [ex.submit(_worker, *a) for a in args]
-            for f in as_completed(futs):
-                generated += f.result()["num_samples"]
-                if bar:
-                    bar.update(1)
-                    bar.set_postfix(samples=generated)
-    if bar:
-        bar.close()
+    done = [res for res in route_jobs(_worker, args, workers, desc="data" if progress else None, total=len(routes),
+                                      postfix=lambda d: {"samples": sum(r["num_samples"] for r in d)})
+            if res is not None]
+    generated = sum(r["num_samples"] for r in done)
     return merge_parts(out_dir, routes, time.perf_counter() - t0, generated)
+
+
+def add_split_arguments(parser: argparse.ArgumentParser, seed_offsets: tuple[int, ...], note: str = "") -> None:
+    """--seed-offsets and --val-fraction of the commands that drive copies of the suite's training routes."""
+    parser.add_argument("--seed-offsets", default=",".join(str(o) for o in seed_offsets),
+                        help=f"comma-separated traffic seed offsets per route (default: {','.join(map(str, seed_offsets))}{note})")
+    parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
+                        help="share of route seeds held out (as in `wam-diff data`); held-out routes are not driven")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -399,11 +389,7 @@ def run(args) -> int:
     bad = [t for t in tasks if t not in ("planning", "detection", "qa")]
     if bad:
         raise SystemExit(f"unknown tasks {bad}; expected planning, detection, qa")
-    w, h = (int(v) for v in args.frame_size.lower().split("x"))
-    try:
-        offsets = [int(v) for v in args.seed_offsets.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"--seed-offsets {args.seed_offsets!r}: expected comma-separated integers, e.g. 0,1000")
+    offsets, (w, h) = parse_seed_offsets(args.seed_offsets), parse_frame_size(args.frame_size)
     stats = generate(routes, Path(args.out), workers=args.workers, every=args.every, frame_size=(w, h),
                      val_fraction=args.val_fraction, tasks=tasks, seed_offsets=offsets,
                      wait_keep_s=args.wait_keep_s, wait_lead_s=args.wait_lead_s)

@@ -59,19 +59,12 @@ def expert_plan(world) -> tuple[np.ndarray, bool]:
     return path[step - 1::step][:NUM_WAYPOINTS], crashed
 
 
-class ExpertPlanPolicy:
+class ExpertPlanPolicy(ExpertPolicy):
     """The expert as a planner: every plan is the expert's rollout from the current state (`expert_plan`),
     tracked by the same controller, cadence and plan format as a learned policy. Its score is the ceiling
     of the plan-and-track interface: what a model that predicted the expert's plans exactly would drive."""
 
-    needs_images = False
     drives_itself = False
-
-    def __init__(self):
-        self.world = None
-
-    def bind(self, world) -> None:
-        self.world = world
 
     def plan(self, images, ego: EgoState, command: str) -> Plan:
         if self.world is None:
@@ -106,6 +99,23 @@ def load_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = None
     if spec == "constant-velocity":
         return ConstantVelocityPolicy()
     return LearnedPolicy(spec, device=device, overrides=overrides)
+
+
+_CACHED: dict = {}
+
+
+def cached_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = None):
+    """`load_policy` once per process for the same (spec, device, overrides): a pool worker loads its model
+    for its first route and keeps it for the rest. Its `name` is the spec."""
+    import json
+
+    key = (spec, device, json.dumps(overrides, sort_keys=True))
+    if key not in _CACHED:
+        _CACHED.clear()  # one model per worker process
+        policy = load_policy(spec, device=device, overrides=overrides)
+        policy.name = spec
+        _CACHED[key] = policy
+    return _CACHED[key]
 
 
 def safe_plan(policy, images, ego: EgoState, command: str) -> Plan:

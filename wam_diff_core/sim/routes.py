@@ -103,3 +103,23 @@ def select_routes(args) -> list[Route]:
                            scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"route selection: {exc}")
+
+
+def parse_frame_size(text: str) -> tuple[int, int]:
+    """--frame-size "WxH" -> (W, H); anything else exits with its message."""
+    try:
+        w, h = (int(v) for v in str(text).lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--frame-size {text!r}: expected WxH, e.g. 256x128")
+    if w <= 0 or h <= 0:
+        raise SystemExit(f"--frame-size {text!r}: expected a positive width and height")
+    return w, h
+
+
+def parse_seed_offsets(text: str) -> list[int]:
+    """--seed-offsets "0,1000" -> [0, 1000]; anything else exits with its message."""
+    try:
+        return [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--seed-offsets {text!r}: expected comma-separated integers, e.g. 0,1000")
+

@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from .routes import Route, add_selection_arguments, select_routes
+from .routes import Route, add_selection_arguments, parse_frame_size, select_routes
 
 # gap bins (m, centre to centre) to the nearest same-lane vehicle ahead; beyond the last: "clear"
 GAP_BINS = ((0.0, 20.0), (20.0, 40.0), (40.0, 65.0))
@@ -133,19 +133,12 @@ def plot(summary: dict, title: str, path: Path) -> Optional[Path]:
 
 
 # ---------------------------------------------------------------- workers
-_POLICY = None
-
-
 def _worker(route_dict: dict, policy_spec: str, device: str, every: int, max_s: float, frame_size,
             overrides: Optional[dict]) -> dict:
-    global _POLICY
-    from .policies import load_policy
+    from .policies import cached_policy
 
-    key = (policy_spec, json.dumps(overrides, sort_keys=True))
-    if _POLICY is None or getattr(_POLICY, "_spec", None) != key:
-        _POLICY = load_policy(policy_spec, device=device, overrides=overrides)
-        _POLICY._spec = key
-    return probe_route(Route(**route_dict), _POLICY, every=every, max_s=max_s, frame_size=frame_size)
+    return probe_route(Route(**route_dict), cached_policy(policy_spec, device, overrides), every=every, max_s=max_s,
+                       frame_size=frame_size)
 
 
 def probe(routes: list[Route], policy_spec: str, out_dir: Path, *, every: int = DEFAULT_EVERY,
@@ -158,20 +151,9 @@ def probe(routes: list[Route], policy_spec: str, out_dir: Path, *, every: int = 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     args = [(r.to_dict(), policy_spec, device, every, max_s, tuple(frame_size), overrides) for r in routes]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(routes), desc=f"sensitivity {policy_spec}", unit="route")
     t0 = time.perf_counter()
-    done = []
-    for res in route_jobs(_worker, args, workers):
-        if res is not None:
-            done.append(res)
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.close()
+    done = [res for res in route_jobs(_worker, args, workers, desc=f"sensitivity {policy_spec}" if progress else None)
+            if res is not None]
     result = {"policy": policy_spec, "policy_overrides": overrides or {}, "every": every, "max_s": max_s,
               "frame_size": list(frame_size), "gap_bins_m": [list(b) for b in GAP_BINS],
               "summary": summarize(done), "routes": done, "wall_s": round(time.perf_counter() - t0, 1)}
@@ -183,6 +165,8 @@ def probe(routes: list[Route], policy_spec: str, out_dir: Path, *, every: int = 
 
 # ---------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .closed_loop import add_decoding_arguments
+
     parser.add_argument("--policy", required=True, help="checkpoint path or preset to probe")
     parser.add_argument("--out", required=True, help="output directory: sensitivity.json, sensitivity.png")
     add_selection_arguments(parser)
@@ -190,9 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_S, help="probe at most this long per route")
     parser.add_argument("--frame-size", default="256x128")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--block-size", type=int, default=None, help="decode with this block size (default: the checkpoint's)")
-    parser.add_argument("--steps", type=int, default=None, help="denoising steps per block (default: the checkpoint's)")
+    add_decoding_arguments(parser)
 
 
 def run(args) -> int:
@@ -204,10 +186,7 @@ def run(args) -> int:
     if not routes:
         print("no routes selected")
         return 2
-    try:
-        w, h = (int(v) for v in args.frame_size.lower().split("x"))
-    except ValueError:
-        raise SystemExit(f"--frame-size {args.frame_size!r}: expected WxH, e.g. 256x128")
+    w, h = parse_frame_size(args.frame_size)
     try:
         res = probe(routes, args.policy, Path(args.out), every=args.every, max_s=args.max_seconds, frame_size=(w, h),
                     workers=args.workers, device=args.device,
