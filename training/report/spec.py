@@ -13,7 +13,7 @@
     sweeps:
       steps:       {model: nano-S B32, values: [2, 4, 8, 16, 32]}   quality against denoising steps
       block_size:  {model: nano-S B32, values: [1, 4, 8, 16, 32]}   tokens/s against block size
-    baselines: [expert, constant-velocity]                       closed-loop rows without a model
+    baselines: [expert, expert-plan, constant-velocity]          closed-loop rows without a model
 
 Paths are relative to the working directory. Every error names the key and what was expected.
 """
@@ -28,9 +28,9 @@ import yaml
 from wam_diff_core.constants import TASKS
 from wam_diff_core.model.settings import STRATEGIES
 from wam_diff_core.policy import TASK_BUDGET
+from wam_diff_core.sim.policies import BASELINES
 
 DEFAULT_SAMPLES = {"planning": 64, "detection": 32, "qa": 64}
-BASELINES = ("expert", "constant-velocity")
 
 
 class SpecError(ValueError):
