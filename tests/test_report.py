@@ -61,6 +61,11 @@ def setup(nano, tmp_path_factory):
                    "block_size": {"model": "teacher B4", "values": [1, 2, 4]}},
         "baselines": ["constant-velocity"],
     }
+    # the traffic-response probe of one closed-loop model (random weights: plan pairs or invalid ones)
+    spec_cl = {**spec, "models": [{"name": "B4 driven", "path": str(ckpt), "block_size": 4}], "sweeps": {},
+               "data": {"planning": str(val)}, "baselines": [],
+               "sensitivity": {"ids": ["highway_00"], "max_seconds": 1, "every": 10}}
+    (root / "spec_cl.yaml").write_text(yaml.safe_dump(spec_cl))
     spec_path = root / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     return root, spec_path, spec
@@ -158,6 +163,8 @@ def test_bad_specs_name_the_key(setup, tmp_path):
         ({**spec, "closed_loop": {"frame_size": "big"}}, "closed_loop.frame_size"),
         ({**spec, "samples": {"planing": 3}}, "samples"),
         ({**spec, "baselines": ["human"]}, "baselines"),
+        ({**spec, "sensitivity": {"ids": []}}, "sensitivity.ids"),
+        ({**spec, "sensitivity": {"ids": ["highway_00"], "max_seconds": 0}}, "sensitivity.max_seconds"),
         ({**spec, "models": [{"name": "x", "path": "p", "grammar": False}]}, r"models\[0\]: grammar: false is an open-loop"),
     ]
     for raw, fragment in cases:
@@ -168,6 +175,30 @@ def test_bad_specs_name_the_key(setup, tmp_path):
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(broken)
     assert wam_diff_main(["report", "--spec", str(broken), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_report_probes_the_traffic_response_of_closed_loop_models(setup):
+    root, _, _ = setup
+    out = root / "out_cl"
+    spec_cl = str(root / "spec_cl.yaml")
+    assert wam_diff_main(["report", "--spec", spec_cl, "--out", str(out), "--no-progress", "--no-closed-loop"]) == 0
+    cached = out / "models" / "b4_driven.json"
+    doc = json.loads(cached.read_text())
+    assert "sensitivity" not in doc  # --no-closed-loop: no probe either
+    # a closed loop already on record (a whole route with random weights takes minutes): only the probe runs
+    doc["closed_loop"] = {"driving_score": 12.5, "success_rate": 0.0, "held_out_driving_score": None}
+    cached.write_text(json.dumps(doc))
+    assert wam_diff_main(["report", "--spec", spec_cl, "--out", str(out), "--no-progress", "--resume"]) == 0
+    model = json.loads((out / "report.json").read_text())["models"][0]
+    sens = model["sensitivity"]
+    assert sens["route_ids"] == ["highway_00"] and sens["routes"] == 1
+    assert sens["all"]["probes"] + sens["invalid"] == 2  # t = 0 s and 1 s
+    assert (out / "sensitivity" / "b4_driven" / "sensitivity.json").is_file()
+    md = (out / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| B4 driven |")).split(" | ")
+    expected = "-" if sens["all"].get("response") is None else f"{sens['all']['response']:.2f}"
+    assert row[COLUMNS.index("traffic response")] == expected and row[COLUMNS.index("DS")] == "12.5"
+    assert "Traffic response" in md
 
 
 def test_held_out_score_averages_the_validation_split_routes_only():

@@ -120,7 +120,27 @@ class Report:
         if self.closed_loop and entry.closed_loop and "closed_loop" not in cached:
             cached["closed_loop"] = self.drive(entry.path, entry.slug, cached["block_size"])
             self._write(path, cached)
+        if self.closed_loop and entry.closed_loop and self.spec.sensitivity and "sensitivity" not in cached:
+            cached["sensitivity"] = self.sensitivity(entry.path, entry.slug, cached["block_size"])
+            self._write(path, cached)
         return cached
+
+    def sensitivity(self, policy: str, slug: str, block_size: int) -> dict:
+        """`wam-diff sensitivity` of one model on the spec's routes (OUT/sensitivity/<slug>/, reused with
+        --resume): does it slow for the vehicle ahead the way the expert does?"""
+        from wam_diff_core.sim.closed_loop import policy_overrides
+        from wam_diff_core.sim.routes import load_routes
+        from wam_diff_core.sim.sensitivity import probe
+
+        sv, cl = self.spec.sensitivity, self.spec.closed_loop
+        out = self.out / "sensitivity" / slug
+        cached = self._cached(out / "sensitivity.json")
+        if cached is None:
+            overrides = policy_overrides(block_size, self.spec.decoding.steps)
+            overrides.update(strategy=self.spec.decoding.strategy, threshold=self.spec.decoding.threshold)
+            cached = probe(load_routes(cl.routes, ids=list(sv.ids)), policy, out, every=sv.every, max_s=sv.max_seconds,
+                           frame_size=cl.frame_size, workers=cl.workers, overrides=overrides, progress=self.progress)
+        return {**cached["summary"], "route_ids": list(sv.ids)}
 
     def constant_velocity_open_loop(self) -> dict:
         """The constant-velocity baseline on the same planning samples as the models (open loop)."""

@@ -14,6 +14,8 @@
       steps:       {model: nano-S B32, values: [2, 4, 8, 16, 32]}   quality against denoising steps
       block_size:  {model: nano-S B32, values: [1, 4, 8, 16, 32]}   tokens/s against block size
     baselines: [expert, expert-plan, constant-velocity]          closed-loop rows without a model
+    sensitivity: {ids: [highway_dense_00, cut_in_01], max_seconds: 20, every: 10}   `wam-diff sensitivity`
+                 of every closed-loop model on these routes: the "traffic response" column
 
 Paths are relative to the working directory. Every error names the key and what was expected.
 """
@@ -69,6 +71,13 @@ class ClosedLoop:
 
 
 @dataclass(frozen=True)
+class Sensitivity:
+    ids: tuple[str, ...]
+    max_seconds: float = 20.0
+    every: int = 10
+
+
+@dataclass(frozen=True)
 class Sweep:
     model: str
     values: tuple[int, ...]
@@ -84,6 +93,7 @@ class ReportSpec:
     closed_loop: ClosedLoop = ClosedLoop()
     sweeps: dict[str, Sweep] = field(default_factory=dict)
     baselines: tuple[str, ...] = ()
+    sensitivity: Optional[Sensitivity] = None
 
     def model(self, name: str) -> ModelEntry:
         for m in self.models:
@@ -122,7 +132,8 @@ def _frame_size(value, key: str) -> tuple[int, int]:
 
 def parse_spec(raw) -> ReportSpec:
     raw = _mapping(raw, "spec")
-    _only(raw, ("data", "samples", "max_new_tokens", "decoding", "closed_loop", "models", "sweeps", "baselines"), "spec")
+    _only(raw, ("data", "samples", "max_new_tokens", "decoding", "closed_loop", "models", "sweeps", "baselines",
+                "sensitivity"), "spec")
     data = _mapping(raw.get("data"), "data")
     _only(data, TASKS, "data")
     if not data:
@@ -187,8 +198,19 @@ def parse_spec(raw) -> ReportSpec:
     bad = [b for b in baselines if b not in BASELINES]
     if bad:
         raise SpecError(f"baselines: {bad} not in {BASELINES}")
+    sens = None
+    if raw.get("sensitivity") is not None:
+        sv = _mapping(raw["sensitivity"], "sensitivity")
+        _only(sv, ("ids", "max_seconds", "every"), "sensitivity")
+        ids = sv.get("ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+            raise SpecError(f"sensitivity.ids: expected a non-empty list of route ids, got {ids!r}")
+        max_s = sv.get("max_seconds", 20.0)
+        if isinstance(max_s, bool) or not isinstance(max_s, (int, float)) or max_s <= 0:
+            raise SpecError(f"sensitivity.max_seconds: expected seconds > 0, got {max_s!r}")
+        sens = Sensitivity(tuple(ids), float(max_s), _positive_int(sv.get("every", 10), "sensitivity.every"))
     return ReportSpec(data=dict(data), models=tuple(models), samples=samples, max_new_tokens=budget, decoding=decoding,
-                      closed_loop=closed, sweeps=sweeps, baselines=baselines)
+                      closed_loop=closed, sweeps=sweeps, baselines=baselines, sensitivity=sens)
 
 
 def load_spec(path: str | Path) -> ReportSpec:

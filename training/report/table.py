@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 COLUMNS = ("model", "B", "K", "L2 1s", "L2 2s", "L2 3s", "L2 4s", "L2 mean", "unparsable", "PDMS",
-           "DS", "DS held-out", "SR %", "mAP", "QA acc %", "tokens/s", "x AR", "fwd/token", "top-5 vs teacher")
+           "DS", "DS held-out", "SR %", "traffic response", "mAP", "QA acc %", "tokens/s", "x AR", "fwd/token", "top-5 vs teacher")
 
 
 def _f(value: Optional[float], digits: int = 2) -> str:
@@ -30,6 +30,7 @@ def model_row(r: dict, ar_tokens_per_s: Optional[float], speed: Optional[dict] =
             _f(l2.get("l2_1.0s")), _f(l2.get("l2_2.0s")), _f(l2.get("l2_3.0s")), _f(l2.get("l2_4.0s")),
             _f(l2.get("l2_mean")), invalid or "-", _f(pdm if pdm is None else 100.0 * pdm, 1),
             _f(cl.get("driving_score"), 1), _f(cl.get("held_out_driving_score"), 1), _f(cl.get("success_rate"), 1),
+            _f(((r.get("sensitivity") or {}).get("all") or {}).get("response")),
             _f(det if det is None else 100.0 * det, 1), _f(qa, 1), _f(tps, 0), _f(ratio, 2),
             _f(fpt, 3), _f(agree, 3)]
 
@@ -82,7 +83,9 @@ def render(report: dict) -> str:
            "K = denoising steps per block (B = 1: one token per forward). L2 in metres over the plans "
            "that parse; unparsable = plans that did not. PDMS and mAP in %. DS / SR: closed loop on "
            f"{report.get('closed_loop_routes', 'the route suite')}; DS held-out: over the suite's validation-split "
-           "routes, which no training data (DAgger's included) drove. tokens/s and fwd/token: "
+           "routes, which no training data (DAgger's included) drove. Traffic response (`wam-diff sensitivity`): "
+           "how much the model's 4 s waypoint comes nearer with the traffic in its frame than without, over the "
+           "expert's (1: slows like the expert, 0: ignores the traffic). tokens/s and fwd/token: "
            + (f"one speed pass over {report['speed']['samples']} planning samples at batch 1, the models taking "
               f"turns per sample ({report['speed']['threads']} torch threads)" if report.get("speed") else
               "from the open-loop planning decode") +
