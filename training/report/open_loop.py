@@ -123,4 +123,3 @@ def constant_velocity_planning(split: str, examples: Sequence[Example], out_dir:
     write_predictions(pred_path, Decoded(preds, 0, 0, 0.0))
     return {"task": "planning", "samples": len(preds), "scores": score_open_loop(Path(split), pred_path).get("planning"),
             "predictions": str(pred_path)}
-

@@ -223,14 +223,14 @@ def route_jobs(worker, args: list[tuple], workers: int, *, desc: Optional[str] =
 
         total = len(args) if total is None else total
         bar = tqdm(total=total, initial=total - len(args), desc=desc, unit="route")
-    done = []
+    done = []  # the finished results, kept only for `postfix`
     try:
         for res in _run_jobs(worker, args, workers):
-            done.append(res)
             if bar is not None:
                 bar.update(1)
                 if postfix is not None:
-                    bar.set_postfix(postfix([r for r in done if r is not None]))
+                    done += [res] if res is not None else []
+                    bar.set_postfix(postfix(done))
             yield res
     finally:
         if bar is not None:

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 
 from .dagger import planning_sample
-from .datagen import VAL_FRACTION, add_split_arguments, assign_splits, merge_parts, with_seed_offsets, write_part
+from .datagen import VAL_FRACTION, add_split_arguments, merge_parts, training_copies, write_part
 from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
                      select_routes)
 
@@ -91,9 +91,7 @@ def generate(routes: list[Route], out_dir: Path, *, seed_offsets=DEFAULT_SEED_OF
         raise ValueError(f"min_change_m {min_change_m}: expected metres >= 0")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # the split of the whole suite, so a selection (--ids) never drives a route `wam-diff data` holds out
-    splits = {r.route_id: "train" for r in routes} | assign_splits(list(split_over or routes), val_fraction)
-    driven, _ = with_seed_offsets([r for r in routes if splits[r.route_id] == "train"], list(seed_offsets))
+    driven, held_out = training_copies(routes, val_fraction, seed_offsets, split_over)
     todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
     t0 = time.perf_counter()
     args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), min_change_m) for r in todo]
@@ -107,7 +105,7 @@ def generate(routes: list[Route], out_dir: Path, *, seed_offsets=DEFAULT_SEED_OF
                   "pairs": sum(len(p["samples"]) // 2 for p in parts),
                   "skipped_small_change": sum(p["skipped_small_change"] for p in parts),
                   "skipped_expert_crashed": sum(p["skipped_expert_crashed"] for p in parts),
-                  "held_out_routes": sorted(r.route_id for r in routes if splits[r.route_id] == "val")})
+                  "held_out_routes": held_out})
     (out_dir / "stats.json").write_text(json.dumps(stats, indent=2))
     return stats
 

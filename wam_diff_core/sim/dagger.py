@@ -27,8 +27,7 @@ from ..constants import IMAGE_PLACEHOLDER
 from ..eval import bench2drive
 from ..types import Plan
 from .closed_loop import route_jobs
-from .datagen import (DATASOURCE, VAL_FRACTION, add_split_arguments, assign_splits, merge_parts, with_seed_offsets,
-                      write_part)
+from .datagen import DATASOURCE, VAL_FRACTION, add_split_arguments, merge_parts, training_copies, write_part
 from .policies import expert_plan
 from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
                      select_routes)
@@ -137,10 +136,7 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
         raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # the split of the whole suite, so a selection (--ids) never drives a route `wam-diff data` holds out
-    splits = {r.route_id: "train" for r in routes} | assign_splits(list(split_over or routes), val_fraction)
-    train_routes = [r for r in routes if splits[r.route_id] == "train"]
-    driven, _ = with_seed_offsets(train_routes, list(seed_offsets))
+    driven, held_out = training_copies(routes, val_fraction, seed_offsets, split_over)
     todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
     t0 = time.perf_counter()
     args = [(r.to_dict(), policy_spec, device, str(out_dir), beta, tuple(frame_size), every, overrides) for r in todo]
@@ -153,7 +149,7 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
     drives = bench2drive.summarize([p["record"] for p in parts], expected_route_ids=[r.route_id for r in driven])
     stats.update({
         "policy": policy_spec, "policy_overrides": overrides or {}, "beta": beta, "every": every,
-        "seed_offsets": list(seed_offsets), "held_out_routes": sorted(r.route_id for r in routes if splits[r.route_id] == "val"),
+        "seed_offsets": list(seed_offsets), "held_out_routes": held_out,
         "expert_crashed_labels": int(sum(p["expert_crashed"] for p in parts)),
         "expert_executed_plans": int(sum(p["expert_steps"] for p in parts)),
         "label_s": round(sum(p["label_s"] for p in parts), 2),

@@ -83,6 +83,15 @@ def with_seed_offsets(routes: list[Route], offsets: list[int]) -> tuple[list[Rou
     return out, base
 
 
+def training_copies(routes: list[Route], val_fraction: float, seed_offsets, split_over=None) -> tuple[list[Route], list[str]]:
+    """The training-split routes of `routes`, once per seed offset (`with_seed_offsets`), and the held-out
+    route ids among `routes`. The split is drawn over `split_over` (the whole suite; default: `routes`),
+    so a selection (--ids) never drives a route `wam-diff data` holds out."""
+    splits = {r.route_id: "train" for r in routes} | assign_splits(list(split_over or routes), val_fraction)
+    driven, _ = with_seed_offsets([r for r in routes if splits[r.route_id] == "train"], list(seed_offsets))
+    return driven, sorted(r.route_id for r in routes if splits[r.route_id] == "val")
+
+
 def _seed_rank(seed: int) -> int:
     return int(hashlib.sha256(f"seed-{seed}".encode()).hexdigest()[:8], 16)
 

@@ -1,9 +1,11 @@
-"""Policies the closed loop can drive with: the Protocol every one of them meets, and the two
-baselines of the embedded world (the expert and constant velocity). The learned DrivingPolicy
-(wam_diff_core.policy) meets the same Protocol and is imported lazily by `load_policy`.
+"""Policies the closed loop can drive with: the Protocol every one of them meets, and the baselines
+of the embedded world (the expert driving itself, the expert's rollouts as tracked plans, constant
+velocity). The learned DrivingPolicy (wam_diff_core.policy) meets the same Protocol and is imported
+lazily by `load_policy`; `cached_policy` keeps one per worker process.
 """
 from __future__ import annotations
 
+import json
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -107,8 +109,6 @@ _CACHED: dict = {}
 def cached_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = None):
     """`load_policy` once per process for the same (spec, device, overrides): a pool worker loads its model
     for its first route and keeps it for the rest. Its `name` is the spec."""
-    import json
-
     key = (spec, device, json.dumps(overrides, sort_keys=True))
     if key not in _CACHED:
         _CACHED.clear()  # one model per worker process
