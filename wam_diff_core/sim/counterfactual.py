@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 
 from .dagger import planning_sample
-from .datagen import VAL_FRACTION, add_split_arguments, merge_parts, training_copies, write_part
+from .datagen import VAL_FRACTION, add_split_arguments, merge_parts, pending_routes, training_copies, write_part
 from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
                      select_routes)
 
@@ -90,9 +90,8 @@ def generate(routes: list[Route], out_dir: Path, *, seed_offsets=DEFAULT_SEED_OF
     if min_change_m < 0:
         raise ValueError(f"min_change_m {min_change_m}: expected metres >= 0")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     driven, held_out = training_copies(routes, val_fraction, seed_offsets, split_over)
-    todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
+    todo = pending_routes(out_dir, driven)
     t0 = time.perf_counter()
     args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), min_change_m) for r in todo]
     done = [res for res in route_jobs(_worker, args, workers, desc="counterfactual" if progress else None,

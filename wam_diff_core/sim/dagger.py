@@ -27,7 +27,8 @@ from ..constants import IMAGE_PLACEHOLDER
 from ..eval import bench2drive
 from ..types import Plan
 from .closed_loop import route_jobs
-from .datagen import DATASOURCE, VAL_FRACTION, add_split_arguments, merge_parts, training_copies, write_part
+from .datagen import (DATASOURCE, VAL_FRACTION, add_split_arguments, merge_parts, pending_routes, training_copies,
+                      write_part)
 from .policies import expert_plan
 from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
                      select_routes)
@@ -135,9 +136,8 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
     if every < 1:
         raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     driven, held_out = training_copies(routes, val_fraction, seed_offsets, split_over)
-    todo = [r for r in driven if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
+    todo = pending_routes(out_dir, driven)
     t0 = time.perf_counter()
     args = [(r.to_dict(), policy_spec, device, str(out_dir), beta, tuple(frame_size), every, overrides) for r in todo]
     done = [res for res in route_jobs(_worker, args, workers, desc=f"dagger {policy_spec}" if progress else None,

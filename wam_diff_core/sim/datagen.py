@@ -92,6 +92,12 @@ def training_copies(routes: list[Route], val_fraction: float, seed_offsets, spli
     return driven, sorted(r.route_id for r in routes if splits[r.route_id] == "val")
 
 
+def pending_routes(out_dir: Path, routes: list[Route]) -> list[Route]:
+    """The routes without a part in OUT/parts yet (a rerun resumes there); creates OUT."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return [r for r in routes if not (Path(out_dir) / "parts" / f"{r.route_id}.json").is_file()]
+
+
 def _seed_rank(seed: int) -> int:
     return int(hashlib.sha256(f"seed-{seed}".encode()).hexdigest()[:8], 16)
 
@@ -352,8 +358,7 @@ def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 
     base_splits = assign_splits(routes, val_fraction)
     routes, base = with_seed_offsets(routes, list(seed_offsets))
     splits = {rid: base_splits[b] for rid, b in base.items()}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    todo = [r for r in routes if not (out_dir / "parts" / f"{r.route_id}.json").is_file()]
+    todo = pending_routes(out_dir, routes)
     t0 = time.perf_counter()
     args = [(r.to_dict(), str(out_dir), every, tuple(frame_size), splits[r.route_id], tuple(tasks), wait_keep_s,
              wait_lead_s)
