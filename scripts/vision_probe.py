@@ -21,24 +21,15 @@ import numpy as np
 import torch
 
 from wam_diff_core.sim.datagen import VAL_FRACTION, assign_splits
-from wam_diff_core.sim.highway import HighwayWorld
-from wam_diff_core.sim.routes import load_routes
+from wam_diff_core.sim.highway import ExpertDrive, route_over
+from wam_diff_core.sim.routes import load_routes, parse_frame_size
 from wam_diff_core.sim.sensitivity import DEFAULT_SCENARIOS, lead_gap
 
 
 def collect(routes, every: int, max_s: float, frame_size) -> list[dict]:
-    rows = []
-    for r in routes:
-        world = HighwayWorld(r, frame_size=frame_size, driver="expert", render=True)
-        tick = world.reset()
-        try:
-            while tick.t < min(max_s, r.time_limit_s) and not tick.collision and tick.progress_m < r.target_distance_m:
-                if world._ticks % every == 0:
-                    rows.append({"route": r.route_id, "frame": tick.frame, "gap": lead_gap(tick.vehicles)})
-                tick = world.step()
-        finally:
-            world.close()
-    return rows
+    """Frames and lead gaps while the expert drives (the tick that ends a route left out)."""
+    return [{"route": r.route_id, "frame": tick.frame, "gap": lead_gap(tick.vehicles)}
+            for r in routes for _, tick in ExpertDrive(r, frame_size, every, max_s) if not route_over(r, tick, max_s)]
 
 
 @torch.no_grad()
@@ -86,7 +77,7 @@ def main() -> int:
     args = ap.parse_args()
     from wam_diff_core.model.checkpoint import load
 
-    w, h = (int(v) for v in args.frame_size.split("x"))
+    w, h = parse_frame_size(args.frame_size)
     suite = load_routes()
     routes = [r for r in suite if r.scenario in DEFAULT_SCENARIOS]
     split = assign_splits(suite, VAL_FRACTION)

@@ -35,39 +35,31 @@ DEFAULT_MIN_CHANGE_M = 1.0
 def generate_route(route: Route, out_dir: Path, every: int = DEFAULT_EVERY, frame_size=(256, 128),
                    min_change_m: float = DEFAULT_MIN_CHANGE_M) -> dict:
     """Drive one route with the expert and write its pairs to OUT/parts/<route_id>.json."""
-    from .highway import HighwayWorld
+    from .highway import ExpertDrive
     from .policies import expert_plan
 
     t0 = time.perf_counter()
-    world = HighwayWorld(route, frame_size=frame_size, driver="expert", render=True)
-    tick = world.reset()
+    drive = ExpertDrive(route, frame_size, every)
     samples, probes, skipped_small, skipped_crash = [], 0, 0, 0
-    try:
-        while True:
-            k = world._ticks
-            if k % every == 0:
-                probes += 1
-                real, crashed = expert_plan(world)
-                empty, crashed_empty = expert_plan(world.without_traffic())
-                change = float(np.linalg.norm(real - empty, axis=1).mean())
-                if crashed or crashed_empty:
-                    skipped_crash += 1
-                elif change < min_change_m:
-                    skipped_small += 1
-                else:
-                    first = planning_sample(out_dir, route, k, world.dt, tick.frame, tick.ego, tick.command, real,
-                                            source="counterfactual", traffic=True, plan_change_m=round(change, 3))
-                    second = planning_sample(out_dir, route, k, world.dt, world.render_without_traffic(), tick.ego,
-                                             tick.command, empty, source="counterfactual", suffix="_cf", traffic=False,
-                                             plan_change_m=round(change, 3), pair=first["id"])
-                    first["meta"]["pair"] = second["id"]
-                    samples += [first, second]
-            if tick.collision or tick.progress_m >= route.target_distance_m or tick.t >= route.time_limit_s - 1e-9:
-                break
-            tick = world.step()
-    finally:
-        world.close()
-    part = {"route": route.to_dict(), "split": "train", "crashed": bool(tick.collision), "frames": probes,
+    for world, tick in drive:
+        k = world._ticks
+        probes += 1
+        real, crashed = expert_plan(world)
+        empty, crashed_empty = expert_plan(world.without_traffic())
+        change = float(np.linalg.norm(real - empty, axis=1).mean())
+        if crashed or crashed_empty:
+            skipped_crash += 1
+        elif change < min_change_m:
+            skipped_small += 1
+        else:
+            first = planning_sample(out_dir, route, k, world.dt, tick.frame, tick.ego, tick.command, real,
+                                    source="counterfactual", traffic=True, plan_change_m=round(change, 3))
+            second = planning_sample(out_dir, route, k, world.dt, world.render_without_traffic(), tick.ego,
+                                     tick.command, empty, source="counterfactual", suffix="_cf", traffic=False,
+                                     plan_change_m=round(change, 3), pair=first["id"])
+            first["meta"]["pair"] = second["id"]
+            samples += [first, second]
+    part = {"route": route.to_dict(), "split": "train", "crashed": bool(drive.last.collision), "frames": probes,
             "samples": samples, "scenes": [], "skipped_small_change": skipped_small,
             "skipped_expert_crashed": skipped_crash, "wall_s": round(time.perf_counter() - t0, 2)}
     write_part(out_dir, route.route_id, part)

@@ -205,7 +205,7 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
 
     from ..codec import format_detections, format_trajectory
     from ..prompts import detection_prompt, planning_prompt, qa_prompt
-    from .highway import HighwayWorld, world_to_ego
+    from .highway import HighwayWorld, route_over, world_to_ego
 
     t0 = time.perf_counter()
     world = HighwayWorld(route, frame_size=frame_size, driver="expert", render=True)
@@ -221,7 +221,7 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
         ticks.append(tick)
         if k % every == 0:
             lanes_at[k] = world.lanes_gt()
-        if tick.collision or tick.progress_m >= route.target_distance_m or tick.t >= route.time_limit_s - 1e-9:
+        if route_over(route, tick):
             break
     world.close()
     crashed = ticks[-1].collision

@@ -718,3 +718,37 @@ class HighwayWorld:
         """World state for hashing/determinism checks: every vehicle's position, heading, speed."""
         return {"t": self._t, "vehicles": [(float(v.position[0]), float(v.position[1]), float(v.heading), float(v.speed))
                                             for v in self.env.road.vehicles]}
+
+
+def route_over(route: Route, tick: Tick, max_s: Optional[float] = None) -> bool:
+    """An expert-driven route ends: a collision, the target distance reached, or the route's time limit
+    (or `max_s`, when earlier)."""
+    limit = route.time_limit_s if max_s is None else min(route.time_limit_s, max_s)
+    return bool(tick.collision or tick.progress_m >= route.target_distance_m or tick.t >= limit - 1e-9)
+
+
+class ExpertDrive:
+    """The expert drives `route` with frames rendered. Iterating yields (world, tick) at tick 0 and every
+    `every` ticks after, until `route_over`; `last` is then the final tick. The world is closed at the end
+    (or when the loop is left early)."""
+
+    def __init__(self, route: Route, frame_size=(256, 128), every: int = 1, max_s: Optional[float] = None):
+        if every < 1:
+            raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
+        self.route, self.frame_size, self.every, self.max_s = route, frame_size, every, max_s
+        self.last: Optional[Tick] = None
+
+    def __iter__(self):
+        world = HighwayWorld(self.route, frame_size=self.frame_size, driver="expert", render=True)
+        tick = world.reset()
+        try:
+            while True:
+                self.last = tick
+                if world._ticks % self.every == 0:
+                    yield world, tick
+                if route_over(self.route, tick, self.max_s):
+                    return
+                tick = world.step()
+        finally:
+            world.close()
+

@@ -49,40 +49,28 @@ def lead_gap(vehicles) -> Optional[float]:
 def probe_route(route: Route, policy, *, every: int = DEFAULT_EVERY, max_s: float = DEFAULT_MAX_S,
                 frame_size=(256, 128)) -> dict:
     """Probe one route; returns {"route_id", "probes": [...], "invalid": n, "wall_s"}."""
-    from .highway import HighwayWorld
+    from .highway import ExpertDrive
     from .policies import expert_plan, safe_plan
 
-    if every < 1:
-        raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
     t0 = time.perf_counter()
-    world = HighwayWorld(route, frame_size=frame_size, driver="expert", render=True)
-    tick = world.reset()
     probes, invalid = [], 0
-    try:
-        while True:
-            if world._ticks % every == 0:
-                real = safe_plan(policy, [tick.frame], tick.ego, tick.command)
-                empty = safe_plan(policy, [world.render_without_traffic()], tick.ego, tick.command)
-                if real.valid and empty.valid:
-                    a, b = np.asarray(real.trajectory), np.asarray(empty.trajectory)
-                    e_real, _ = expert_plan(world)
-                    e_empty, _ = expert_plan(world.without_traffic())
-                    gap = lead_gap(tick.vehicles)
-                    probes.append({
-                        "t": tick.t, "gap_m": None if gap is None else round(gap, 2), "bin": bin_name(gap),
-                        "plan_change_m": round(float(np.linalg.norm(a - b, axis=1).mean()), 4),
-                        "shortening_m": round(float(b[-1, 0] - a[-1, 0]), 4),
-                        "expert_change_m": round(float(np.linalg.norm(e_real - e_empty, axis=1).mean()), 4),
-                        "expert_shortening_m": round(float(e_empty[-1, 0] - e_real[-1, 0]), 4),
-                    })
-                else:
-                    invalid += 1
-            if (tick.collision or tick.progress_m >= route.target_distance_m
-                    or tick.t >= min(route.time_limit_s, max_s) - 1e-9):
-                break
-            tick = world.step()
-    finally:
-        world.close()
+    for world, tick in ExpertDrive(route, frame_size, every, max_s):
+        real = safe_plan(policy, [tick.frame], tick.ego, tick.command)
+        empty = safe_plan(policy, [world.render_without_traffic()], tick.ego, tick.command)
+        if not (real.valid and empty.valid):
+            invalid += 1
+            continue
+        a, b = np.asarray(real.trajectory), np.asarray(empty.trajectory)
+        e_real, _ = expert_plan(world)
+        e_empty, _ = expert_plan(world.without_traffic())
+        gap = lead_gap(tick.vehicles)
+        probes.append({
+            "t": tick.t, "gap_m": None if gap is None else round(gap, 2), "bin": bin_name(gap),
+            "plan_change_m": round(float(np.linalg.norm(a - b, axis=1).mean()), 4),
+            "shortening_m": round(float(b[-1, 0] - a[-1, 0]), 4),
+            "expert_change_m": round(float(np.linalg.norm(e_real - e_empty, axis=1).mean()), 4),
+            "expert_shortening_m": round(float(e_empty[-1, 0] - e_real[-1, 0]), 4),
+        })
     return {"route_id": route.route_id, "scenario": route.scenario, "probes": probes, "invalid": invalid,
             "wall_s": round(time.perf_counter() - t0, 2)}
 
