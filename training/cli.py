@@ -6,6 +6,7 @@
   wam-diff-train plot    --out runs/x            (loss curve of every stage: PNG + JSON)
   wam-diff-train eval    --model CKPT --data VAL.json --steps 8     (decode + score a split)
   wam-diff-train speed   --init CKPT --data D --block-sizes 1,32   (seconds per optimizer step)
+  wam-diff-train recipe  training/recipes/nano_s_b32.yaml [--resume]  (a model card's commands, timed)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
 Runs under `torchrun --nproc_per_node N -m training.cli ...` as well (DDP; gloo on CPU).
@@ -89,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_argument("--device", default="cpu")
     speed.add_argument("--threads", type=int)
     speed.add_argument("--json", help="write the result here")
+    recipe = sub.add_parser("recipe", help="run a recipe's commands in order; wall times to OUT/recipe.json")
+    recipe.add_argument("file", help="recipe YAML (training/recipes/*.yaml)")
+    recipe.add_argument("--resume", action="store_true", help="skip steps whose 'done' path exists")
+    recipe.add_argument("--only", help="comma-separated step names to run (the others are skipped)")
     return parser
 
 
@@ -148,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"exported: {export(args.src, args.dst, args.dtype, args.steps)}")
         return 0
+    if args.stage == "recipe":
+        from .recipe import main as run_recipe
+
+        return run_recipe(args.file, args.resume, args.only)
     if args.stage == "speed":
         from .speed import run as run_speed
 

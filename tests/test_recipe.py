@@ -1,0 +1,130 @@
+"""training.recipe: a model card's commands run in order, timed, resumable; bad recipes named."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from training.cli import main as train_main
+from training.config import ConfigError
+from training.recipe import RECORD_FILE, StepFailed, load_recipe, run_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, steps: list, name: str = "t") -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "out": str(tmp_path / "out"), "steps": steps}))
+    return path
+
+
+def _touch(path: Path, sleep: float = 0.0) -> str:
+    return f"{sys.executable} -c \"import time, pathlib; time.sleep({sleep}); pathlib.Path(r'{path}').write_text('x')\""
+
+
+def test_steps_run_in_order_with_wall_times(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    order = tmp_path / "order.txt"
+    steps = [
+        {"name": "a", "run": _touch(a, 0.2), "done": str(a)},
+        {"name": "b", "run": f"{sys.executable} -c \"import pathlib; p = pathlib.Path(r'{order}'); "
+                             f"p.write_text(str(pathlib.Path(r'{a}').exists())); pathlib.Path(r'{b}').write_text('y')\"",
+         "done": str(b)},
+    ]
+    record = run_recipe(load_recipe(_write(tmp_path, steps)), echo=lambda *_: None)
+    assert order.read_text() == "True"  # b ran after a had finished
+    assert record["complete"] is True
+    assert [r["status"] for r in record["steps"]] == ["ok", "ok"]
+    assert record["steps"][0]["wall_s"] >= 0.2
+    assert record["total_wall_s"] == pytest.approx(sum(r["wall_s"] for r in record["steps"]), abs=0.11)
+    on_disk = json.loads((tmp_path / "out" / RECORD_FILE).read_text())
+    assert on_disk == record
+    assert (tmp_path / "out" / "logs" / "a.log").is_file()
+
+
+def test_failure_names_the_step_and_keeps_the_record(tmp_path):
+    a = tmp_path / "a.txt"
+    steps = [{"name": "a", "run": _touch(a), "done": str(a)},
+             {"name": "boom", "run": f"{sys.executable} -c \"print('bad config'); raise SystemExit(3)\""},
+             {"name": "never", "run": _touch(tmp_path / "n.txt")}]
+    with pytest.raises(StepFailed, match=r"'boom' failed \(exit 3\)"):
+        run_recipe(load_recipe(_write(tmp_path, steps)), echo=lambda *_: None)
+    record = json.loads((tmp_path / "out" / RECORD_FILE).read_text())
+    assert [r["status"] for r in record["steps"]] == ["ok", "exit 3"]
+    assert record["complete"] is False
+    assert "bad config" in (tmp_path / "out" / "logs" / "boom.log").read_text()
+    assert not (tmp_path / "n.txt").exists()
+
+
+def test_exit_zero_without_its_output_is_a_failure(tmp_path):
+    steps = [{"name": "quiet", "run": f"{sys.executable} -c pass", "done": str(tmp_path / "never.txt")}]
+    with pytest.raises(StepFailed, match="never.txt is missing"):
+        run_recipe(load_recipe(_write(tmp_path, steps)), echo=lambda *_: None)
+
+
+def test_resume_skips_finished_steps_and_keeps_their_times(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    steps = [{"name": "a", "run": _touch(a, 0.2), "done": str(a)},
+             {"name": "b", "run": f"{sys.executable} -c \"raise SystemExit(1)\"", "done": str(b)}]
+    path = _write(tmp_path, steps)
+    with pytest.raises(StepFailed):
+        run_recipe(load_recipe(path), echo=lambda *_: None)
+    first = json.loads((tmp_path / "out" / RECORD_FILE).read_text())["steps"][0]["wall_s"]
+    steps[1]["run"] = _touch(b)
+    a.write_text("from the first run")
+    record = run_recipe(load_recipe(_write(tmp_path, steps)), resume=True, echo=lambda *_: None)
+    assert a.read_text() == "from the first run"  # not run again
+    assert [r["status"] for r in record["steps"]] == ["done before", "ok"]
+    assert record["steps"][0]["wall_s"] == first >= 0.2
+    assert record["complete"] is True
+
+
+def test_only_runs_the_named_steps(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    steps = [{"name": "a", "run": _touch(a)}, {"name": "b", "run": _touch(b)}]
+    record = run_recipe(load_recipe(_write(tmp_path, steps)), only={"b"}, echo=lambda *_: None)
+    assert not a.exists() and b.exists()
+    assert [r["status"] for r in record["steps"]] == ["skipped", "ok"]
+    assert record["complete"] is False
+    with pytest.raises(ConfigError, match="unknown step"):
+        run_recipe(load_recipe(_write(tmp_path, steps)), only={"c"}, echo=lambda *_: None)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("name: t\nout: o\nsteps: []\n", "non-empty 'steps'"),
+    ("name: t\nout: o\nsteps: [{name: a}]\n", r"expected \{name, run"),
+    ("name: t\nout: o\nsteps: [{name: a, run: x}, {name: a, run: y}]\n", "must be unique"),
+    ("name: t\nout: o\nsteps: [{name: 'a b', run: x}]\n", "must be unique and made of"),
+    ("name: t\nout: o\nsteps: [{name: a, run: '  '}]\n", "non-empty command"),
+    ("name: t\nout: o\nextra: 1\nsteps: [{name: a, run: x}]\n", "unknown keys"),
+    ("name: t\nsteps: [{name: a, run: x}]\n", "'out' must be"),
+    ("name: [\n", "not valid YAML"),
+])
+def test_bad_recipes_are_named(tmp_path, text, match):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_recipe(path)
+
+
+def test_cli_reports_a_missing_command(tmp_path, capsys):
+    path = _write(tmp_path, [{"name": "x", "run": "no-such-program-wam-diff --flag"}])
+    assert train_main(["recipe", str(path)]) == 1
+    assert "'x' failed (exit 127)" in capsys.readouterr().err
+    assert "command not found" in (tmp_path / "out" / "logs" / "x.log").read_text()
+    assert train_main(["recipe", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_the_shipped_recipe_loads_and_chains_its_outputs():
+    recipe = load_recipe(REPO / "training" / "recipes" / "nano_s_b32.yaml")
+    assert [s.name for s in recipe.steps][-1] == "export"
+    for i, step in enumerate(recipe.steps):
+        argv = list(step.run)
+        if "--config" in argv:
+            assert (REPO / argv[argv.index("--config") + 1]).is_file(), step.name
+        if i >= 3:  # the training steps after the AR one start from what an earlier step wrote
+            earlier = {str(Path(s.done).parent) for s in recipe.steps[:i] if s.done}
+            assert earlier & set(argv), step.name
