@@ -120,7 +120,7 @@ def test_cli_reports_a_missing_command(tmp_path, capsys):
 
 def test_the_shipped_recipe_loads_and_chains_its_outputs():
     recipe = load_recipe(REPO / "training" / "recipes" / "nano_s_b32.yaml")
-    assert [s.name for s in recipe.steps][-1] == "export"
+    assert {"export", "export_ar"} <= {s.name for s in recipe.steps}
     for i, step in enumerate(recipe.steps):
         argv = list(step.run)
         if "--config" in argv:
