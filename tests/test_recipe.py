@@ -80,6 +80,9 @@ def test_resume_skips_finished_steps_and_keeps_their_times(tmp_path):
     assert [r["status"] for r in record["steps"]] == ["done before", "ok"]
     assert record["steps"][0]["wall_s"] == first >= 0.2
     assert record["complete"] is True
+    again = run_recipe(load_recipe(path), resume=True, echo=lambda *_: None)  # a second resume keeps them too
+    assert [r["wall_s"] for r in again["steps"]] == [r["wall_s"] for r in record["steps"]]
+    assert again["total_wall_s"] == record["total_wall_s"]
 
 
 def test_only_runs_the_named_steps(tmp_path):

@@ -33,6 +33,7 @@ RECORD_FILE = "recipe.json"
 LOG_DIR = "logs"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _STEP_KEYS = {"name", "run", "done"}
+_TIMED = ("ok", "done before")  # statuses whose wall time is a finished run's (kept across resumes)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def run_recipe(recipe: Recipe, resume: bool = False, only: Optional[set] = None,
             old = earlier.get(step.name, {})
             status = "skipped" if skip else "done before"
             rows[step.name] = {"name": step.name, "run": command, "status": status,
-                               "wall_s": old.get("wall_s") if old.get("status") == "ok" else None}
+                               "wall_s": old.get("wall_s") if old.get("status") in _TIMED else None}
             echo(f"[{i}/{n}] {step.name}: {status}")
             continue
         log_path = logs / f"{step.name}.log"
