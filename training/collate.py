@@ -23,6 +23,7 @@ from wam_diff_core.attention.backends import BlockSpec
 from wam_diff_core.attention.block_mask import CLEAN, NOISY, PAD, PREFIX
 
 from .data import BadSample, Example
+from .perception import batch_occupancy
 
 
 @dataclass
@@ -46,6 +47,7 @@ class TrainBatch:
     tasks: list[str] = field(default_factory=list)
     examples: list[Example] = field(default_factory=list)
     skipped: list[BadSample] = field(default_factory=list)
+    occupancy: Optional[torch.Tensor] = None  # (visual tokens, cells^2) perception targets, NaN rows: none
 
     @property
     def size(self) -> int:
@@ -61,7 +63,7 @@ class TrainBatch:
             *(move(t) for t in (self.input_ids, self.mm_token_type_ids, self.prefix_ids, self.prefix_mm,
                                 self.prefix_mask, self.prefix_len, self.response_len, self.targets,
                                 self.pixel_values, self.image_grid_thw)),
-            self.with_noisy, self.sample_ids, self.tasks, self.examples, self.skipped,
+            self.with_noisy, self.sample_ids, self.tasks, self.examples, self.skipped, move(self.occupancy),
         )
 
 
@@ -101,6 +103,7 @@ def collate(items: Sequence[Union[Example, BadSample]], pad_id: int, with_noisy:
         tasks=[x.task for x in good],
         examples=good,
         skipped=bad,
+        occupancy=batch_occupancy(good),
     )
 
 

@@ -14,6 +14,8 @@ import yaml
 
 from wam_diff_core.constants import TRAJECTORY_FORMATS
 
+from .perception import OCCUPANCY_CELLS
+
 
 class ConfigError(ValueError):
     """A config file, key or value is invalid (the message names it)."""
@@ -95,6 +97,12 @@ class EvalConfig:
 
 
 @dataclass
+class PerceptionConfig:
+    occupancy_weight: float = 0.0  # > 0: add the visual-token occupancy loss (training/perception.py)
+    occupancy_cells: int = 4  # cells per visual token side (4: 8x8 px cells of a 32x32 px token)
+
+
+@dataclass
 class Config:
     model: str = "nano"  # initial weights: a checkpoint directory, or a preset name (random weights)
     out: str = "runs/train"
@@ -106,6 +114,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    perception: PerceptionConfig = field(default_factory=PerceptionConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -213,5 +222,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"distill.ratio must be in [0, 1], got {cfg.distill.ratio}")
     if cfg.train.parallel not in ("ddp", "fsdp2"):
         raise ConfigError(f"train.parallel must be ddp or fsdp2, got {cfg.train.parallel!r}")
+    if cfg.perception.occupancy_weight < 0:
+        raise ConfigError(f"perception.occupancy_weight must be >= 0, got {cfg.perception.occupancy_weight}")
+    if cfg.perception.occupancy_cells not in OCCUPANCY_CELLS:
+        raise ConfigError(f"perception.occupancy_cells must be one of {OCCUPANCY_CELLS}, got {cfg.perception.occupancy_cells}")
     if cfg.train.backend not in ("sdpa", "flex"):
         raise ConfigError(f"train.backend must be sdpa or flex, got {cfg.train.backend!r}")

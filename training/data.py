@@ -29,6 +29,8 @@ from wam_diff_core.decoding.constraint import TrajectoryGrammar
 from wam_diff_core.model.processor import VLProcessor
 from wam_diff_core.prompts import sample_to_chat
 
+from .perception import sample_occupancy
+
 BAD_SAMPLE_POLICIES = ("skip", "error")
 
 
@@ -62,10 +64,11 @@ class Example:
     pixel_values: Optional[torch.Tensor]
     image_grid_thw: Optional[torch.Tensor]
     response_text: str = ""
+    occupancy: Optional[torch.Tensor] = None  # (visual tokens, cells^2) perception targets (training/perception.py)
 
     def with_response(self, response_ids: torch.Tensor) -> "Example":
         return Example(self.sample_id, self.task, self.prompt_ids, self.mm_token_type_ids, response_ids,
-                       self.pixel_values, self.image_grid_thw, "")
+                       self.pixel_values, self.image_grid_thw, "", self.occupancy)
 
 
 @dataclass
@@ -130,7 +133,8 @@ class DrivingDataset(torch.utils.data.Dataset):
 
     def __init__(self, path: Union[str, Path], processor: VLProcessor, max_prompt_tokens: int = 4096,
                  max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None,
-                 tasks: Optional[Sequence[str]] = None, trajectory_format: str = "official"):
+                 tasks: Optional[Sequence[str]] = None, trajectory_format: str = "official",
+                 occupancy_cells: Optional[int] = None):
         if on_bad_sample not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"on_bad_sample must be one of {BAD_SAMPLE_POLICIES}, got {on_bad_sample!r}")
         if trajectory_format not in TRAJECTORY_FORMATS:
@@ -145,6 +149,8 @@ class DrivingDataset(torch.utils.data.Dataset):
         self.stats = DatasetStats()
         self.skipped_ids: list[tuple[str, str]] = []
         self.tasks = [tasks] if isinstance(tasks, str) else (list(tasks) if tasks else None)
+        self.occupancy_cells = occupancy_cells  # set: Examples carry perception targets from meta boxes
+        self.metas: list = []  # the kept samples' meta (when occupancy_cells is set)
         tok = processor.tokenizer
         self.eos_id = int(tok.convert_tokens_to_ids(EOS_TOKEN))
         self.grammar = TrajectoryGrammar(tok, self.eos_id) if trajectory_format == "fixed" else None
@@ -211,6 +217,8 @@ class DrivingDataset(torch.utils.data.Dataset):
                 self._fail(sid, str(exc))
                 continue
             kept.append((sid, str(sample.get("task", "")), prompt, response, paths))
+            if self.occupancy_cells:
+                self.metas.append(sample.get("meta"))
         return kept
 
     def __len__(self) -> int:
@@ -223,8 +231,13 @@ class DrivingDataset(torch.utils.data.Dataset):
         if enc.input_ids.shape[1] > self.max_prompt_tokens:
             raise DataError(f"prompt too long: {enc.input_ids.shape[1]} tokens > max_prompt_tokens {self.max_prompt_tokens}")
         resp = torch.tensor(self.response_ids(task, response), dtype=torch.long)
+        occupancy = None
+        if self.occupancy_cells and enc.image_grid_thw is not None:
+            ip = self.processor.image_processor
+            occupancy = sample_occupancy(self.metas[index], enc.image_grid_thw, int(ip.patch_size), int(ip.merge_size),
+                                         self.occupancy_cells)
         return Example(sid, task, enc.input_ids[0], enc.mm_token_type_ids[0], resp, enc.pixel_values,
-                       enc.image_grid_thw, response)
+                       enc.image_grid_thw, response, occupancy)
 
     def __getitem__(self, index: int) -> Union[Example, BadSample]:
         try:
@@ -318,8 +331,8 @@ class MixSampler:
 
 
 def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_tokens: int, max_response_tokens: int,
-                   on_bad_sample: str, base_dir: Optional[Path] = None, trajectory_format: str = "official"
-                   ) -> MixedDataset:
+                   on_bad_sample: str, base_dir: Optional[Path] = None, trajectory_format: str = "official",
+                   occupancy_cells: Optional[int] = None) -> MixedDataset:
     """Datasets of config entries `{"path": ..., "weight": ..., "task": ...}` (paths relative to `base_dir`;
     `task`, a name or a list, keeps only those samples of the file)."""
     datasets, weights = [], []
@@ -333,6 +346,6 @@ def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_t
             path = base_dir / path
         datasets.append(DrivingDataset(path, processor, max_prompt_tokens, max_response_tokens, on_bad_sample,
                                        name=entry.get("name"), tasks=entry.get("task"),
-                                       trajectory_format=trajectory_format))
+                                       trajectory_format=trajectory_format, occupancy_cells=occupancy_cells))
         weights.append(float(entry.get("weight", 1.0)))
     return MixedDataset(datasets, weights)

@@ -17,14 +17,17 @@ from wam_diff_core.attention.backends import BlockSpec
 
 from .collate import Corruption, Layout, TrainBatch, corrupt, layout, positions
 from .losses import diffusion_ce, divergence, top_k_agreement
+from .perception import occupancy_loss
 
 
 class SelectedLogits(nn.Module):
-    """logits (N, V) at rows (row_b[i], row_pos[i]) of a `[prefix | clean | noisy]` forward."""
+    """logits (N, V) at rows (row_b[i], row_pos[i]) of a `[prefix | clean | noisy]` forward; with an
+    `occupancy_head` (training/perception.py) also its logits over every visual token of the batch."""
 
-    def __init__(self, model):
+    def __init__(self, model, occupancy_head: Optional[nn.Module] = None):
         super().__init__()
         self.model = model
+        self.occupancy_head = occupancy_head
 
     def forward(self, input_ids, position_ids, block_ids, kinds, pixel_values, image_grid_thw, row_b, row_pos):
         inner = self.model.model
@@ -33,8 +36,11 @@ class SelectedLogits(nn.Module):
             vision = {"image": inner.get_image_features(pixel_values, image_grid_thw, return_dict=True)}
         out = inner(input_ids=input_ids, position_ids=position_ids, mm_encoder_outputs=vision, use_cache=False,
                     block_spec=BlockSpec(block_ids, kinds, block_ids, kinds))
-        hidden = out.last_hidden_state[row_b, row_pos]
-        return self.model.lm_head(hidden)
+        logits = self.model.lm_head(out.last_hidden_state[row_b, row_pos])
+        if self.occupancy_head is None:
+            return logits
+        occ = self.occupancy_head(torch.cat(vision["image"].pooler_output)) if vision is not None else None
+        return logits, occ
 
 
 @dataclass
@@ -49,34 +55,53 @@ def masked_rows(cor: Corruption) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run_logits(module, model, batch: TrainBatch, lay: Layout, input_ids, pos, row_b, row_k) -> torch.Tensor:
+    """The selected logits (N, V); a module with an occupancy head gives (logits, occupancy logits)."""
     return module(input_ids, pos, lay.block_ids, lay.kinds, batch.pixel_values, batch.image_grid_thw,
                   row_b, lay.target_pos[row_b, row_k])
 
 
+def _split(out) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    return out if isinstance(out, tuple) else (out, None)
+
+
+def with_occupancy(loss: torch.Tensor, stats: dict, occ_logits: Optional[torch.Tensor], batch: TrainBatch,
+                   weight: float) -> torch.Tensor:
+    """loss + weight x the perception BCE (its statistics into `stats`); a batch without targets adds a
+    zero that still touches the head (so data-parallel gradient reduction sees every parameter)."""
+    if occ_logits is None:
+        return loss
+    if batch.occupancy is None:
+        return loss + 0.0 * occ_logits.sum()
+    bce, occ_stats = occupancy_loss(occ_logits, batch.occupancy)
+    stats.update(occ_stats)
+    return loss + weight * bce
+
+
 def diffusion_loss(module, model, batch: TrainBatch, block_size: int, mask_id: int,
                    generator: Optional[torch.Generator] = None, t_min: float = 0.05, t_max: float = 1.0,
-                   force_t: Optional[float] = None) -> StepOutput:
-    """Masked cross-entropy weighted by 1/t, normalised by the batch's response-token count.
+                   force_t: Optional[float] = None, occupancy_weight: float = 0.0) -> StepOutput:
+    """Masked cross-entropy weighted by 1/t, normalised by the batch's response-token count (+ the
+    perception loss times `occupancy_weight` when the module has an occupancy head).
 
     module: SelectedLogits (or its DDP wrapper) over `model`."""
     lay = layout(batch, block_size)
     pos = positions(batch, model)
     cor = corrupt(batch, lay, mask_id, generator, t_min, t_max, force_t)
     row_b, row_k = masked_rows(cor)
-    logits = run_logits(module, model, batch, lay, cor.input_ids, pos, row_b, row_k)
+    logits, occ = _split(run_logits(module, model, batch, lay, cor.input_ids, pos, row_b, row_k))
     n_tokens = lay.valid.sum().clamp(min=1)
     ce = diffusion_ce(logits, batch.targets[row_b, row_k], cor.t[row_b, row_k], n_tokens)
     with torch.no_grad():
         acc = (logits.argmax(-1) == batch.targets[row_b, row_k]).float().mean() if row_b.numel() else ce.new_zeros(())
     stats = {"ce": ce.detach(), "masked_share": (cor.masked.sum() / n_tokens).detach(), "masked_acc": acc,
              "tokens": lay.valid.sum().detach()}
-    return StepOutput(ce, stats)
+    return StepOutput(with_occupancy(ce, stats, occ, batch, occupancy_weight), stats)
 
 
 def distill_loss(module, model, teacher, batch: TrainBatch, block_size: int, teacher_block_size: int, mask_id: int,
                  generator: Optional[torch.Generator] = None, t_min: float = 0.05, t_max: float = 1.0,
                  ratio: float = 1.0, kind: str = "jsd", beta: float = 0.5, temperature: float = 1.0,
-                 chunk_size: int = 1024, force_t: Optional[float] = None) -> StepOutput:
+                 chunk_size: int = 1024, force_t: Optional[float] = None, occupancy_weight: float = 0.0) -> StepOutput:
     """(1 - ratio) CE + ratio divergence(student, teacher) over the masked response tokens.
 
     Teacher and student read the same corrupted sequence; each uses its own block size for the block
@@ -87,7 +112,7 @@ def distill_loss(module, model, teacher, batch: TrainBatch, block_size: int, tea
     pos = positions(batch, model)
     cor = corrupt(batch, lay, mask_id, generator, t_min, t_max, force_t)
     row_b, row_k = masked_rows(cor)
-    logits = run_logits(module, model, batch, lay, cor.input_ids, pos, row_b, row_k)
+    logits, occ = _split(run_logits(module, model, batch, lay, cor.input_ids, pos, row_b, row_k))
     with torch.no_grad():
         t_pos = pos if teacher is model else positions(batch, teacher)
         t_logits = run_logits(SelectedLogits(teacher), teacher, batch, t_lay, cor.input_ids, t_pos, row_b, row_k)
@@ -99,4 +124,4 @@ def distill_loss(module, model, teacher, batch: TrainBatch, block_size: int, tea
     loss = (1.0 - ratio) * ce + ratio * div if ratio < 1.0 else div + 0.0 * ce
     stats = {"ce": ce.detach(), kind: div.detach(), "top5": top_k_agreement(logits.detach(), t_logits, 5),
              "masked_share": (cor.masked.sum() / n_tokens).detach(), "tokens": lay.valid.sum().detach()}
-    return StepOutput(loss, stats)
+    return StepOutput(with_occupancy(loss, stats, occ, batch, occupancy_weight), stats)

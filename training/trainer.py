@@ -38,10 +38,12 @@ from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_
                           load_full_optim_state, wrap)
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
 from .objective import SelectedLogits, diffusion_loss, distill_loss
+from .perception import OccupancyHead
 from .state import MODEL_DIR, STATE_FILE, load_resume, save_model_as, save_resume, set_rng_state
 
 FINAL_DIR = "model"
 RESUME_DIR = "resume"
+OCCUPANCY_HEAD_FILE = "occupancy_head.pt"
 
 
 class StageExists(RuntimeError):
@@ -257,21 +259,34 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
             raise ConfigError(f"teacher {stage.teacher} answers planning in the {t_loaded.settings.trajectory_format!r} "
                               f"trajectory style, the student trains on {style!r}")
 
+    pc = cfg.perception
+    head = None
+    if pc.occupancy_weight > 0:
+        if sharded:
+            raise ConfigError("perception.occupancy_weight needs train.parallel=ddp (the head is not sharded)")
+        head = OccupancyHead(int(model.config.vision_config.out_hidden_size), pc.occupancy_cells).to(device)
     dataset = build_datasets(dc.train, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, dc.on_bad_sample,
-                             trajectory_format=style)
+                             trajectory_format=style, occupancy_cells=pc.occupancy_cells if head is not None else None)
     scan_skipped = dataset.skipped()
     sampler = MixSampler(dataset.sizes, dataset.weights, tc.batch_size, tc.seed, dc.epoch_size, ctx.rank, ctx.world)
     steps_total = tc.max_steps or max(1, math.ceil(tc.epochs * sampler.batches_per_epoch / tc.grad_accum))
     warmup = cfg.optim.warmup_steps if cfg.optim.warmup_steps is not None else math.ceil(cfg.optim.warmup_ratio * steps_total)
 
     oc = cfg.optim
-    module = wrap(SelectedLogits(model), ctx, tc.parallel)  # before the optimizer: FSDP2 swaps in sharded parameters
-    optimizer = torch.optim.AdamW(param_groups(model, oc.lr, oc.vision_lr, oc.weight_decay), lr=oc.lr,
-                                  betas=(oc.beta1, oc.beta2), eps=oc.eps)
+    module = wrap(SelectedLogits(model, head), ctx, tc.parallel)  # before the optimizer: FSDP2 swaps in sharded parameters
+    groups = param_groups(model, oc.lr, oc.vision_lr, oc.weight_decay)
+    if head is not None:
+        groups.append({"params": list(head.parameters()), "lr": oc.lr, "weight_decay": 0.0, "name": "occupancy"})
+    optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps_total, warmup, oc.min_lr_ratio))
     start_step = 0
     if resuming:
         state = load_resume(resume_dir)
+        if head is not None:
+            if "occupancy_head" not in state["extra"]:
+                raise ConfigError(f"{resume_dir}: the resume point has no occupancy head; it was written without "
+                                  "perception.occupancy_weight (start the stage over with --overwrite)")
+            head.load_state_dict(state["extra"]["occupancy_head"])
         if sharded:
             load_full_optim_state(module, optimizer, state["optimizer"])
         else:
@@ -280,7 +295,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         set_rng_state(state["rng"])
         start_step = int(state["step"])
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head is not None else [])
     if ctx.is_main:
         stage_dir.mkdir(parents=True, exist_ok=True)
         (stage_dir / "run_config.json").write_text(json.dumps({"stage": stage.__dict__, "config": cfg.to_dict(),
@@ -329,11 +344,12 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                 with sync, autocast:
                     if teacher is None:
                         out = diffusion_loss(module, model, batch, stage.block_size, mask_id, gen, cfg.noise.t_min,
-                                             cfg.noise.t_max)
+                                             cfg.noise.t_max, occupancy_weight=pc.occupancy_weight)
                     else:
                         out = distill_loss(module, model, teacher, batch, stage.block_size, teacher_B, mask_id, gen,
                                            cfg.noise.t_min, cfg.noise.t_max, 1.0 if on_policy else dist_cfg.ratio,
-                                           dist_cfg.divergence, dist_cfg.beta, dist_cfg.temperature, dist_cfg.chunk_size)
+                                           dist_cfg.divergence, dist_cfg.beta, dist_cfg.temperature, dist_cfg.chunk_size,
+                                           occupancy_weight=pc.occupancy_weight)
                     (out.loss * (scale / tc.grad_accum)).backward()
                 for k, v in {"loss": out.loss.detach(), **out.stats}.items():
                     stats_acc[k] = stats_acc.get(k, 0.0) + float(v) / tc.grad_accum
@@ -368,7 +384,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                 if ctx.is_main:
                     save_resume(resume_dir, loaded, model, stage.block_size,
                                 optim_state if sharded else optimizer.state_dict(), scheduler, step,
-                                {"stage": stage.name}, model_state)
+                                {"stage": stage.name, **({"occupancy_head": head.state_dict()} if head is not None else {})},
+                                model_state)
                 barrier(ctx)
     finally:
         stop.__exit__()
@@ -386,6 +403,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         (stage_dir / f"param_digest.rank{ctx.rank}.txt").write_text(digest + "\n")
     if ctx.is_main:
         save_model_as(loaded, model, stage.block_size, final_dir, full_state)
+        if head is not None:  # training only, not part of the model; kept for probes
+            torch.save(head.state_dict(), stage_dir / OCCUPANCY_HEAD_FILE)
         shutil.rmtree(resume_dir, ignore_errors=True)
         summary = {"stage": stage.name, "block_size": stage.block_size, "steps": steps_total,
                    "skipped_scan": scan_skipped, "skipped_runtime": skipped_runtime}

@@ -244,7 +244,10 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384,
         rel = f"images/{route.route_id}/{k:04d}.png"
         Image.fromarray(tk.frame).save(out_dir / rel, compress_level=1)
         meta = {"route_id": route.route_id, "scenario": route.scenario, "seed": route.seed, "tick": k, "t": tk.t,
-                "split": split, "command": tk.command, "ego": [tk.ego.vx, tk.ego.vy, tk.ego.ax, tk.ego.ay, tk.ego.yaw_rate]}
+                "split": split, "command": tk.command, "ego": [tk.ego.vx, tk.ego.vy, tk.ego.ax, tk.ego.ay, tk.ego.yaw_rate],
+                # the other vehicles in view, boxes in the frame's pixels (the perception loss of training/perception.py)
+                "frame_size": [int(tk.frame.shape[1]), int(tk.frame.shape[0])],
+                "boxes_px": [[round(float(c), 1) for c in d.box_px] for d in tk.detections]}
         base = f"{route.route_id}_{k:04d}"
         if "planning" in tasks:
             samples.append({"id": f"{base}_plan", "datasource": DATASOURCE, "task": "planning", "image": [rel],
