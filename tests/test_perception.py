@@ -77,6 +77,10 @@ def test_loss_ignores_tokens_without_targets_and_reports_recall():
     assert bce < 1e-6 and stats["occ_recall"] == 1.0 and stats["occ_false_pos"] == 0.0
     bce0, stats0 = occupancy_loss(torch.zeros(3, 4), targets)
     assert bce0 == pytest.approx(np.log(2), rel=1e-5) and stats0["occ_recall"] == 1.0  # 0 logits count as >= 0.5
+    # balanced: calling every cell empty costs half the loss of the one occupied cell, however few there are
+    empty = torch.full((3, 4), -20.0)
+    bce_empty, stats_e = occupancy_loss(empty, targets)
+    assert bce_empty == pytest.approx(0.5 * 20.0, rel=1e-3) and stats_e["occ_recall"] == 0.0
     none, _ = occupancy_loss(torch.zeros(1, 4, requires_grad=True), torch.full((1, 4), float("nan")))
     assert none == 0.0 and none.requires_grad
 

@@ -75,15 +75,20 @@ class OccupancyHead(nn.Module):
 
 
 def occupancy_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """Mean binary cross-entropy (soft targets) over the cells of tokens with targets (NaN rows have
-    none), and statistics: `occ_bce`, `occ_recall` (occupied cells, target >= 0.5, predicted >= 0.5) and
-    `occ_false_pos` (empty cells predicted occupied). logits / targets: (tokens, cells^2)."""
+    """Class-balanced binary cross-entropy (soft targets) over the cells of tokens with targets (NaN rows
+    have none): the mean of the occupied cells' term and the empty cells' term, each weighted by its
+    share of the target, so the few occupied cells (a few per cent of a frame) weigh as much as the rest
+    (a plain mean is solved by predicting every cell empty). Statistics: `occ_bce` (the loss),
+    `occ_recall` (occupied cells, target >= 0.5, predicted >= 0.5) and `occ_false_pos` (empty cells
+    predicted occupied). logits / targets: (tokens, cells^2)."""
     valid = ~torch.isnan(targets[:, 0])
     lg, tg = logits[valid].float(), targets[valid].to(logits.device, torch.float32)
     if lg.numel() == 0:
         zero = logits.sum() * 0.0
         return zero, {"occ_bce": zero.detach()}
-    bce = F.binary_cross_entropy_with_logits(lg, tg)
+    pos = -(tg * F.logsigmoid(lg)).sum() / tg.sum().clamp(min=1e-6)
+    neg = -((1.0 - tg) * F.logsigmoid(-lg)).sum() / (1.0 - tg).sum().clamp(min=1e-6)
+    bce = 0.5 * (pos + neg)
     with torch.no_grad():
         pred, occ = lg >= 0.0, tg >= 0.5
         recall = (pred & occ).sum() / occ.sum().clamp(min=1)
