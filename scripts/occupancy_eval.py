@@ -2,8 +2,8 @@
 
 Reads a stage trained with `perception.occupancy_weight` (its `model/` and the training-only
 `occupancy_head.pt` beside it) and scores the head on a split's planning frames (targets from
-`meta.boxes_px`, as in training): class-balanced BCE, recall of occupied cells and the share of empty
-cells called occupied. `--head` can point another checkpoint at a head (e.g. a B = 32 student's tower
+`meta.boxes_px`, as in training): class-balanced BCE, recall of occupied cells, the share of empty cells
+called occupied and the precision of the cells called occupied. `--head` can point another checkpoint at a head (e.g. a B = 32 student's tower
 read by its AR teacher's head, to see how far distillation moved the tower).
 
     .venv/bin/python scripts/occupancy_eval.py --stage runs/occ/nano_s/ar --data runs/occ/data_plan/val.json \
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         result["models"][path] = {"frames": len(examples), **score(loaded.model.eval(), head, examples)}
         r = result["models"][path]
         print(f"{path:<60} frames {r['frames']:>4}  bce {r['occ_bce']:.3f}  recall {r['occ_recall']:.3f}  "
-              f"false pos {r['occ_false_pos']:.3f}")
+              f"false pos {r['occ_false_pos']:.3f}  precision {r['occ_precision']:.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"written: {args.out}")

@@ -75,9 +75,10 @@ def test_loss_ignores_tokens_without_targets_and_reports_recall():
     targets[2] = float("nan")
     perfect = torch.where(targets > 0.5, 20.0, -20.0)
     bce, stats = occupancy_loss(perfect, targets)
-    assert bce < 1e-6 and stats["occ_recall"] == 1.0 and stats["occ_false_pos"] == 0.0
+    assert bce < 1e-6 and stats["occ_recall"] == 1.0 and stats["occ_false_pos"] == 0.0 and stats["occ_precision"] == 1.0
     bce0, stats0 = occupancy_loss(torch.zeros(3, 4), targets)
     assert bce0 == pytest.approx(np.log(2), rel=1e-5) and stats0["occ_recall"] == 1.0  # 0 logits count as >= 0.5
+    assert stats0["occ_precision"] == pytest.approx(1 / 8)  # 8 valid cells called occupied, 1 is
     # balanced: calling every cell empty costs half the loss of the one occupied cell, however few there are
     empty = torch.full((3, 4), -20.0)
     bce_empty, stats_e = occupancy_loss(empty, targets)

@@ -93,7 +93,8 @@ def occupancy_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.T
         pred, occ = lg >= 0.0, tg >= 0.5
         recall = (pred & occ).sum() / occ.sum().clamp(min=1)
         false_pos = (pred & ~occ).sum() / (~occ).sum().clamp(min=1)
-    return bce, {"occ_bce": bce.detach(), "occ_recall": recall, "occ_false_pos": false_pos}
+        precision = (pred & occ).sum() / pred.sum().clamp(min=1)
+    return bce, {"occ_bce": bce.detach(), "occ_recall": recall, "occ_false_pos": false_pos, "occ_precision": precision}
 
 
 def batch_occupancy(examples: Sequence) -> Optional[torch.Tensor]:
