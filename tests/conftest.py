@@ -28,6 +28,20 @@ def nano():
 
 
 @pytest.fixture(scope="session")
+def nano_ckpt(nano, tmp_path_factory):
+    """A freshly initialised nano model (default init, not the decoding tests' wide one), saved once."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from wam_diff_core.model.checkpoint import LoadedModel, save_model
+
+    torch.manual_seed(0)
+    model = Qwen3VLForConditionalGeneration._from_config(nano.model.config)
+    path = tmp_path_factory.mktemp("nano") / "init"
+    save_model(LoadedModel(model.eval(), nano.processor, nano.settings, "nano"), path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def camera_image():
     rng = np.random.default_rng(0)
     return rng.integers(0, 256, (128, 256, 3), dtype=np.uint8)

@@ -156,15 +156,3 @@ def test_a_stage_with_the_occupancy_loss_learns_where_the_boxes_are_and_resumes_
     trained, init = res[str(out / "ar" / "model")], res[str(nano_ckpt)]
     assert trained["frames"] == 8 and trained["occ_recall"] > 0.5 and trained["occ_bce"] < init["occ_bce"]
 
-
-@pytest.fixture(scope="module")
-def nano_ckpt(nano, tmp_path_factory):
-    from transformers import Qwen3VLForConditionalGeneration
-
-    from wam_diff_core.model.checkpoint import LoadedModel, save_model
-    torch.manual_seed(0)
-    model = Qwen3VLForConditionalGeneration._from_config(nano.model.config)
-    path = tmp_path_factory.mktemp("nano_occ") / "init"
-    save_model(LoadedModel(model.eval(), nano.processor, nano.settings, "nano"), path)
-    return path
-

@@ -29,16 +29,6 @@ def _restore_threads():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
-def nano_ckpt(nano, tmp_path_factory):
-    """A freshly initialised nano model (default init, not the decoding tests' wide one), saved once."""
-    torch.manual_seed(0)
-    model = Qwen3VLForConditionalGeneration._from_config(nano.model.config)
-    path = tmp_path_factory.mktemp("nano") / "init"
-    save_model(LoadedModel(model.eval(), nano.processor, nano.settings, "nano"), path)
-    return path
-
-
 def write_dataset(root: Path, n: int = 8, bad: bool = False) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
