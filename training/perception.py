@@ -79,20 +79,22 @@ def occupancy_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.T
     have none): the mean of the occupied cells' term and the empty cells' term, each weighted by its
     share of the target, so the few occupied cells (a few per cent of a frame) weigh as much as the rest
     (a plain mean is solved by predicting every cell empty). Statistics: `occ_bce` (the loss),
-    `occ_recall` (occupied cells, target >= 0.5, predicted >= 0.5) and `occ_false_pos` (empty cells
-    predicted occupied). logits / targets: (tokens, cells^2)."""
-    valid = ~torch.isnan(targets[:, 0])
-    lg, tg = logits[valid].float(), targets[valid].to(logits.device, torch.float32)
-    if lg.numel() == 0:
-        zero = logits.sum() * 0.0
-        return zero, {"occ_bce": zero.detach()}
-    pos = -(tg * F.logsigmoid(lg)).sum() / tg.sum().clamp(min=1e-6)
-    neg = -((1.0 - tg) * F.logsigmoid(-lg)).sum() / (1.0 - tg).sum().clamp(min=1e-6)
+    `occ_recall` (occupied cells, target >= 0.5, predicted >= 0.5), `occ_false_pos` (empty cells
+    predicted occupied) and `occ_precision` (cells predicted occupied that are). logits / targets:
+    (tokens, cells^2)."""
+    # masks as weights rather than indexing: no host sync in the training step
+    valid = (~torch.isnan(targets[:, :1])).to(logits.device, torch.float32)
+    tg = torch.nan_to_num(targets.to(logits.device, torch.float32)) * valid
+    lg = logits.float()
+    pos_w, neg_w = tg, (1.0 - tg) * valid
+    pos = -(pos_w * F.logsigmoid(lg)).sum() / pos_w.sum().clamp(min=1e-6)
+    neg = -(neg_w * F.logsigmoid(-lg)).sum() / neg_w.sum().clamp(min=1e-6)
     bce = 0.5 * (pos + neg)
     with torch.no_grad():
-        pred, occ = lg >= 0.0, tg >= 0.5
+        pred, occ = (lg >= 0.0) & (valid > 0), tg >= 0.5
+        empty = (valid > 0) & ~occ
         recall = (pred & occ).sum() / occ.sum().clamp(min=1)
-        false_pos = (pred & ~occ).sum() / (~occ).sum().clamp(min=1)
+        false_pos = (pred & empty).sum() / empty.sum().clamp(min=1)
         precision = (pred & occ).sum() / pred.sum().clamp(min=1)
     return bce, {"occ_bce": bce.detach(), "occ_recall": recall, "occ_false_pos": false_pos, "occ_precision": precision}
 
