@@ -19,6 +19,7 @@ import torch
 
 from training.data import DrivingDataset, Example, spaced_indices
 from training.perception import OccupancyHead, occupancy_loss
+from training.trainer import FINAL_DIR, OCCUPANCY_HEAD_FILE
 
 
 @torch.no_grad()
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     from wam_diff_core.model.checkpoint import load
 
     stage = Path(args.stage)
-    head_file = stage / "occupancy_head.pt"
+    head_file = stage / OCCUPANCY_HEAD_FILE
     if not head_file.is_file():
         raise SystemExit(f"{head_file} not found: was {stage} trained with perception.occupancy_weight > 0?")
     state = torch.load(head_file, map_location="cpu")
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     head.load_state_dict(state)
     head.eval()
     result = {"stage": str(stage), "data": args.data, "cells": cells, "models": {}}
-    for path in [str(stage / "model")] + args.model:
+    for path in [str(stage / FINAL_DIR)] + args.model:
         loaded = load(path)
         ds = DrivingDataset(args.data, loaded.processor, tasks=args.task, occupancy_cells=cells, trajectory_format="fixed")
         examples = [x for x in (ds[i] for i in spaced_indices(len(ds), args.samples))

@@ -13,6 +13,7 @@ from training.cli import main
 from training.config import ConfigError, load_config
 from training.data import DrivingDataset
 from training.collate import collate
+from training.trainer import OCCUPANCY_HEAD_FILE
 from training.perception import occupancy_loss, occupancy_targets, sample_occupancy
 
 FAST = ["--no-progress", "--set", "train.threads=1", "--set", "train.tensorboard=false"]
@@ -142,7 +143,7 @@ def test_a_stage_with_the_occupancy_loss_learns_where_the_boxes_are_and_resumes_
     first, last = rows[0]["occ_bce"], np.mean([r["occ_bce"] for r in rows[-5:]])
     assert last < 0.5 * first, (first, last)
     assert np.mean([r["occ_recall"] for r in rows[-5:]]) > 0.5
-    head = torch.load(out / "ar" / "occupancy_head.pt")
+    head = torch.load(out / "ar" / OCCUPANCY_HEAD_FILE)
     assert head["proj.weight"].shape[0] == 16
     from safetensors.torch import load_file
     assert not any("occupancy" in k for k in load_file(out / "ar" / "model" / "model.safetensors"))

@@ -67,7 +67,6 @@ class OccupancyHead(nn.Module):
 
     def __init__(self, hidden_size: int, cells: int):
         super().__init__()
-        self.cells = cells
         self.proj = nn.Linear(hidden_size, cells * cells)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
