@@ -131,3 +131,36 @@ def test_the_shipped_recipe_loads_and_chains_its_outputs():
         if i >= 3:  # the training steps after the AR one start from what an earlier step wrote
             earlier = {str(Path(s.done).parent) for s in recipe.steps[:i] if s.done}
             assert earlier & set(argv), step.name
+
+
+def test_include_puts_the_other_recipes_steps_first(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({"name": "base", "out": "o", "steps": [{"name": "a", "run": "echo a"},
+                                                                          {"name": "b", "run": "echo b"}]}))
+    (tmp_path / "sub").mkdir()
+    more = tmp_path / "sub" / "more.yaml"
+    more.write_text(yaml.safe_dump({"name": "more", "out": "m", "include": "../base.yaml",
+                                    "steps": [{"name": "c", "run": "echo c"}]}))
+    recipe = load_recipe(more)
+    assert [s.name for s in recipe.steps] == ["a", "b", "c"]
+    assert (recipe.name, str(recipe.out)) == ("more", "m")
+    # a step name already taken by the included recipe, an include cycle, a missing file: each named
+    clash = tmp_path / "clash.yaml"
+    clash.write_text(yaml.safe_dump({"name": "x", "out": "o", "include": "base.yaml", "steps": [{"name": "b", "run": "echo"}]}))
+    with pytest.raises(ConfigError, match="name 'b' must be unique"):
+        load_recipe(clash)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(yaml.safe_dump({"name": "x", "out": "o", "include": "loop.yaml", "steps": [{"name": "z", "run": "echo"}]}))
+    with pytest.raises(ConfigError, match="includes itself"):
+        load_recipe(loop)
+    gone = tmp_path / "gone.yaml"
+    gone.write_text(yaml.safe_dump({"name": "x", "out": "o", "include": "nope.yaml", "steps": [{"name": "z", "run": "echo"}]}))
+    with pytest.raises(ConfigError, match="nope.yaml: no such file"):
+        load_recipe(gone)
+
+
+def test_the_dagger_recipe_continues_the_occupancy_recipe():
+    occ = load_recipe(REPO / "training/recipes/nano_s_occ.yaml")
+    dagger = load_recipe(REPO / "training/recipes/nano_s_occ_dagger.yaml")
+    assert dagger.steps[:len(occ.steps)] == occ.steps
+    assert [s.name for s in dagger.steps[len(occ.steps):]][:2] == ["dagger", "ar_dagger"]

@@ -11,6 +11,9 @@ after an hour picks up where it stopped.
       - name: data_plan
         run: wam-diff data --out runs/repro/data_plan --tasks planning
         done: runs/repro/data_plan/train.json
+
+`include: other.yaml` (a path relative to the including file) puts another recipe's steps first, so a recipe
+that continues one does not copy its steps.
 """
 from __future__ import annotations
 
@@ -50,9 +53,12 @@ class Recipe:
     steps: tuple[Step, ...]
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """YAML file -> Recipe. Raises ConfigError naming the file and the bad entry."""
+def load_recipe(path: str | Path, _including: tuple[Path, ...] = ()) -> Recipe:
+    """YAML file -> Recipe (an `include`d recipe's steps first). Raises ConfigError naming the file and the
+    bad entry."""
     path = Path(path)
+    if path.resolve() in _including:
+        raise ConfigError(f"recipe {path}: includes itself (through {[str(p) for p in _including]})")
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -61,13 +67,18 @@ def load_recipe(path: str | Path) -> Recipe:
         raise ConfigError(f"recipe {path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("steps"), list) or not raw["steps"]:
         raise ConfigError(f"recipe {path}: expected a mapping with 'name', 'out' and a non-empty 'steps' list")
-    unknown = set(raw) - {"name", "out", "steps"}
+    unknown = set(raw) - {"name", "out", "steps", "include"}
     if unknown:
-        raise ConfigError(f"recipe {path}: unknown keys {sorted(unknown)}; expected name, out, steps")
+        raise ConfigError(f"recipe {path}: unknown keys {sorted(unknown)}; expected name, out, steps[, include]")
     for key in ("name", "out"):
         if not isinstance(raw.get(key), str) or not raw[key].strip():
             raise ConfigError(f"recipe {path}: '{key}' must be a non-empty string, got {raw.get(key)!r}")
-    steps, seen = [], set()
+    steps = []
+    if "include" in raw:
+        if not isinstance(raw["include"], str) or not raw["include"].strip():
+            raise ConfigError(f"recipe {path}: 'include' must be a recipe path, got {raw['include']!r}")
+        steps = list(load_recipe(path.parent / raw["include"], _including + (path.resolve(),)).steps)
+    seen = {s.name for s in steps}
     for i, entry in enumerate(raw["steps"]):
         where = f"recipe {path}, step {i}"
         if not isinstance(entry, dict) or set(entry) - _STEP_KEYS or not {"name", "run"} <= set(entry):
