@@ -164,3 +164,27 @@ def test_the_dagger_recipe_continues_the_occupancy_recipe():
     dagger = load_recipe(REPO / "training/recipes/nano_s_occ_dagger.yaml")
     assert dagger.steps[:len(occ.steps)] == occ.steps
     assert [s.name for s in dagger.steps[len(occ.steps):]][:2] == ["dagger", "ar_dagger"]
+
+
+def test_every_shipped_recipe_and_the_configs_its_steps_name_load():
+    """The recipes in training/recipes and each --config their steps pass (with their `base:` chains)."""
+    import re
+
+    from training.config import load_config
+
+    recipes = sorted((REPO / "training/recipes").glob("*.yaml"))
+    assert len(recipes) >= 4
+    configs = set()
+    for path in recipes:
+        recipe = load_recipe(path)
+        assert recipe.steps, path
+        for step in recipe.steps:
+            configs.update(re.findall(r"--config (\S+)", " ".join(step.run)))
+    assert "training/configs/nano_s_v10.yaml" in configs
+    for cfg in sorted(configs):
+        assert load_config(REPO / cfg).out.startswith("runs/"), cfg
+    v10 = load_config(REPO / "training/configs/nano_s_v10.yaml")
+    dagger = load_config(REPO / "training/configs/nano_s_occ_dagger.yaml")
+    # the v10 config keeps its bases' settings it does not name
+    assert v10.perception == dagger.perception and v10.train.batch_size == dagger.train.batch_size
+    assert (v10.optim.lr, dagger.optim.lr, v10.perception.occupancy_weight) == (3e-4, 5e-4, 1.0)

@@ -140,3 +140,39 @@ def test_expert_takeover_off_the_route_starts_at_the_nearest_route_lane():
         assert len(ahead) < len(world._route_lanes)
     finally:
         world.close()
+
+
+
+def test_merge_ramp_command_announces_the_lane_drop():
+    """On the on-ramp (j -> k -> b -> c lane 2, which ends at c) the command is "change lane left" exactly
+    while the ramp's end is within LANE_DROP_LOOKAHEAD_M and "follow lane" before; once the expert is on the
+    main road it is "follow lane" again; a route starting on the main road never sees it."""
+    from wam_diff_core.sim.highway import LANE_DROP_LOOKAHEAD_M
+
+    world = HighwayWorld(load_routes(ids=["merge_00"])[0], driver="expert", render=False)
+    tick = world.reset()
+    net = world.env.road.network
+    ramp = [("j", "k", 0), ("k", "b", 0), ("b", "c", 2)]
+    on_ramp, on_main = [], []
+    while tick.t < 16.0 and not tick.collision:
+        lane = tuple(world.ego.lane_index)
+        if lane in ramp:
+            i = ramp.index(lane)
+            left = sum(net.get_lane(li).length for li in ramp[i:]) \
+                - net.get_lane(lane).local_coordinates(world.ego.position)[0]
+            on_ramp.append((tick.command, float(left)))
+        else:
+            on_main.append(tick.command)
+        tick = world.step()
+    assert len(on_ramp) > 50 and len(on_main) > 10
+    assert all(c == ("change lane left" if left <= LANE_DROP_LOOKAHEAD_M else "follow lane") for c, left in on_ramp)
+    assert {c for c, _ in on_ramp} == {"follow lane", "change lane left"}
+    assert set(on_main) == {"follow lane"}
+
+    world = HighwayWorld(load_routes(ids=["merge_01"])[0], driver="expert", render=False)
+    tick = world.reset()
+    commands = {tick.command}
+    while tick.t < 12.0 and not tick.collision:
+        tick = world.step()
+        commands.add(tick.command)
+    assert commands == {"follow lane"}

@@ -210,6 +210,27 @@ def test_config_file_overrides_and_unknown_keys(tmp_path):
         load_config(None, ["train.batch_size=many"])
 
 
+def test_config_base_applies_the_parent_first_and_names_missing_files_and_cycles(tmp_path):
+    (tmp_path / "parent.yaml").write_text("optim:\n  lr: 2e-4\n  weight_decay: 0.3\ntrain:\n  batch_size: 3\n"
+                                         "out: runs/parent\n")
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "child.yaml").write_text("base: ../parent.yaml\noptim:\n  lr: 5e-4\nout: runs/child\n")
+    cfg = load_config(sub / "child.yaml", ["train.batch_size=4"])
+    # sections merge key by key: the child's lr, the parent's weight decay, the override's batch size
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.train.batch_size, cfg.out) == (5e-4, 0.3, 4, "runs/child")
+    (tmp_path / "orphan.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="nowhere.yaml.*the base of"):
+        load_config(tmp_path / "orphan.yaml")
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "bad.yaml").write_text("base: [1]\n")
+    with pytest.raises(ConfigError, match="base must be a config file path"):
+        load_config(tmp_path / "bad.yaml")
+
+
 def test_optimizer_groups_give_the_vision_tower_its_own_lr_and_norms_no_decay(nano):
     from training.trainer import param_groups, warmup_cosine
 

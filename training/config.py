@@ -181,21 +181,37 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
     setattr(target, key, _coerce(value, current, dotted))
 
 
+BASE_KEY = "base"  # a config file's parent: its keys first, then this file's (sections merge key by key)
+
+
+def _apply_file(cfg: Config, path: Path, chain: tuple = ()) -> None:
+    """Set `cfg` from one YAML file, after the file its `base:` names (relative to it), recursively."""
+    if not path.is_file():
+        via = f" (the base of {chain[-1]})" if chain else ""
+        raise ConfigError(f"config file not found: {path}{via}")
+    if path.resolve() in {p.resolve() for p in chain}:
+        raise ConfigError(f"config base cycle: {' -> '.join(str(p) for p in chain + (path,))}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    base = raw.pop(BASE_KEY, None)
+    if base is not None:
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(f"{path}: {BASE_KEY} must be a config file path, got {base!r}")
+        _apply_file(cfg, path.parent / base, chain + (path,))
+    for key, value in raw.items():
+        set_key(cfg, key, value)
+
+
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> Config:
-    """Defaults, then the YAML file, then `key=value` overrides (values parsed as YAML)."""
+    """Defaults, then the YAML file (after the file its `base:` key names, if any), then `key=value`
+    overrides (values parsed as YAML)."""
     cfg = Config()
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        for key, value in raw.items():
-            set_key(cfg, key, value)
+        _apply_file(cfg, Path(path))
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.key=value")

@@ -57,6 +57,11 @@ EGO_LENGTH_M = Vehicle.LENGTH
 EGO_WIDTH_M = Vehicle.WIDTH
 MAX_STEER_RAD = math.radians(45.0)
 OFF_ROAD_TOLERANCE_M = 0.5  # centre beyond a lane edge by more than this counts as outside the lanes
+# A lane that ends while the road goes on (the on-ramp's acceleration lane) within this distance ahead
+# makes the navigation command "change lane left", as a route planner announces a lane drop; 160 m
+# covers the 4 s plan horizon at 20 m/s past the point where the expert starts to merge.
+LANE_DROP_LOOKAHEAD_M = 160.0
+_LANE_JOIN_TOLERANCE_M = 1.0  # a lane continues on the next road's lane starting this close to its end
 
 ENV_IDS = {
     "highway": "highway-v0", "highway_dense": "highway-v0", "emergency_brake": "highway-v0", "cut_in": "highway-v0",
@@ -523,9 +528,33 @@ class HighwayWorld:
                         return 0.0
         return max(best, 0.0)
 
+    def _lane_drop_ahead(self) -> bool:
+        """Whether the ego's lane (or the lanes it runs on into) ends within LANE_DROP_LOOKAHEAD_M while
+        its road goes on with fewer lanes: the next road exists but no lane of it starts where this one
+        ends. The end of the map (no next road) is not a drop."""
+        graph = self.env.road.network.graph
+        li = tuple(self.ego.lane_index)
+        lane = self.env.road.network.get_lane(li)
+        ahead = float(lane.length - lane.local_coordinates(self.ego.position)[0])
+        for _ in range(8):  # a few short lanes at most before the lookahead runs out
+            nxt = graph.get(li[1], {})
+            if not nxt:
+                return False
+            end = lane.position(lane.length, 0.0)
+            joins = [(li[1], to, i) for to, lanes in nxt.items() for i, other in enumerate(lanes)
+                     if np.linalg.norm(other.position(0.0, 0.0) - end) < _LANE_JOIN_TOLERANCE_M]
+            if not joins:
+                return ahead <= LANE_DROP_LOOKAHEAD_M
+            if ahead > LANE_DROP_LOOKAHEAD_M:
+                return False
+            li = joins[0]
+            lane = self.env.road.network.get_lane(li)
+            ahead += float(lane.length)
+        return False
+
     def _command(self, progress: float) -> str:
         if self._manoeuvre == "follow lane":
-            return "follow lane"
+            return "change lane left" if self._lane_drop_ahead() else "follow lane"
         if self._junction_end_s is not None and progress > self._junction_end_s + 5.0:
             return "follow lane"
         return self._manoeuvre
