@@ -215,3 +215,23 @@ def test_held_out_score_averages_the_validation_split_routes_only():
     out = held_out_score(routes, {"routes": per_route})
     assert out["held_out_routes"] == held
     assert out["held_out_driving_score"] == pytest.approx(80.0 * (len(held) - 1) / len(held))
+
+
+def test_scenario_scores_and_table_average_per_scenario_and_count_collisions():
+    from training.report import scenario_scores
+    from training.report.table import scenario_table
+
+    summary = {"routes": {
+        "a": {"scenario": "merge", "score": 100.0, "infractions": []},
+        "b": {"scenario": "merge", "score": 46.0, "infractions": ["route_deviation"]},
+        "c": {"scenario": "cut_in", "score": 60.0, "infractions": ["collision_vehicle"]},
+        "d": {"scenario": "cut_in", "score": 30.0, "infractions": ["collision_vehicle", "agent_blocked"]},
+    }}
+    got = scenario_scores(summary)
+    assert got == {"per_scenario": {"cut_in": 45.0, "merge": 73.0}, "collisions": 2}
+    md = scenario_table([{"name": "m", "closed_loop": {"driving_score": 59.0, **got}}, {"name": "no loop"}],
+                        {"expert": {"driving_score": 95.0, "per_scenario": {"merge": 90.0}, "collisions": 0}})
+    lines = md.splitlines()
+    assert lines[0] == "| model | cut_in | merge | all | collisions |"
+    assert lines[2] == "| m | 45.0 | 73.0 | 59.0 | 2 |" and lines[3] == "| expert | - | 90.0 | 95.0 | 0 |"
+    assert len(lines) == 4 and scenario_table([{"name": "x"}], {}) == ""

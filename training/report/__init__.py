@@ -45,6 +45,15 @@ def held_out_score(routes, summary: dict) -> dict:
     return {"held_out_routes": held, "held_out_driving_score": sum(scores) / len(scores) if scores else None}
 
 
+def scenario_scores(summary: dict) -> dict:
+    """DS per scenario type and the number of routes that ended in (or recorded) a vehicle collision."""
+    per, collisions = {}, 0
+    for rec in (summary.get("routes") or {}).values():
+        per.setdefault(rec.get("scenario", "?"), []).append(float(rec.get("score", 0.0)))
+        collisions += any("collision" in str(i) for i in rec.get("infractions") or [])
+    return {"per_scenario": {k: sum(v) / len(v) for k, v in sorted(per.items())}, "collisions": collisions}
+
+
 def block_size_of(entry: ModelEntry, loaded: LoadedModel) -> int:
     return int(entry.block_size or loaded.settings.trained_block_size)
 
@@ -174,7 +183,7 @@ class Report:
                               progress=self.progress, overrides=overrides)
         keep = ("driving_score", "success_rate", "abilities", "efficiency", "comfort", "num_routes", "wall_s",
                 "invalid_plans", "policy_overrides")
-        return {k: summary.get(k) for k in keep} | held_out_score(routes, summary)
+        return {k: summary.get(k) for k in keep} | held_out_score(routes, summary) | scenario_scores(summary)
 
     # ------------------------------------------------------------ speed
     def speed_pass(self) -> dict:

@@ -50,6 +50,19 @@ def baseline_row(name: str, cl: dict) -> list[str]:
     return row
 
 
+def scenario_table(models: list, baselines: dict) -> str:
+    """DS per scenario type, one row per model or baseline that has them ('' when none has)."""
+    named = [(m["name"], m.get("closed_loop") or {}) for m in models] + list(baselines.items())
+    named = [(n, cl) for n, cl in named if cl.get("per_scenario")]
+    if not named:
+        return ""
+    scenarios = sorted({s for _, cl in named for s in cl["per_scenario"]})
+    rows = [[n] + [_f(cl["per_scenario"].get(s), 1) for s in scenarios] + [_f(cl.get("driving_score"), 1),
+                                                                          str(cl.get("collisions", "-"))]
+            for n, cl in named]
+    return markdown_table(("model",) + tuple(scenarios) + ("all", "collisions"), rows)
+
+
 def markdown_table(header, rows) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -92,6 +105,10 @@ def render(report: dict) -> str:
            "; x AR: over the B = 1 model with the same parameter count. Top-5: agreement with the model's "
            "teacher on the same corrupted validation sequences.\n",
            markdown_table(COLUMNS, rows)]
+    by_scenario = scenario_table(models, report.get("baselines", {}))
+    if by_scenario:
+        out.append("\n## Closed loop by scenario\n\nDS per scenario type; collisions: routes with a vehicle "
+                   "collision.\n\n" + by_scenario)
     for kind, sweep in report.get("sweeps", {}).items():
         if kind == "steps":
             head = ("K", "L2 mean", "unparsable %", "tokens/s", "fwd/token")
