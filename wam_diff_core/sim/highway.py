@@ -531,7 +531,8 @@ class HighwayWorld:
     def _lane_drop_ahead(self) -> bool:
         """Whether the ego's lane (or the lanes it runs on into) ends within LANE_DROP_LOOKAHEAD_M while
         its road goes on with fewer lanes: the next road exists but no lane of it starts where this one
-        ends. The end of the map (no next road) is not a drop."""
+        ends. The end of the map (no next road) is not a drop. The world's only lane drop is the on-ramp's
+        acceleration lane, the right-most, hence "change lane left" in `_command`."""
         graph = self.env.road.network.graph
         li = tuple(self.ego.lane_index)
         lane = self.env.road.network.get_lane(li)
