@@ -1,0 +1,34 @@
+"""scripts/bending_samples.py: the planning samples whose target bends, written beside their source."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bending_samples", REPO / "scripts" / "bending_samples.py")
+bending = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bending)
+
+STRAIGHT = ",".join(f"{5.0 * i:.2f},0.00" for i in range(1, 9))
+BENDING = ",".join(f"{5.0 * i:.2f},{-0.01 * i:.2f}" for i in range(1, 9))  # the first waypoint 0.01 m right
+
+
+def _sample(sid, answer, task="planning"):
+    return {"id": sid, "task": task, "image": ["images/a.png"],
+            "conversations": [{"from": "human", "value": "<image>\nplan"}, {"from": "gpt", "value": answer}]}
+
+
+def test_keeps_planning_samples_with_a_lateral_offset_and_writes_beside_the_source(tmp_path):
+    src = tmp_path / "train.json"
+    src.write_text(json.dumps([_sample("s", STRAIGHT), _sample("b", BENDING), _sample("g", "garbage"),
+                               _sample("d", "[]", task="detection")]))
+    assert bending.main([str(src)]) == 0
+    out = tmp_path / "train_bending.json"
+    assert [s["id"] for s in json.loads(out.read_text())] == ["b"]
+    assert bending.bends(_sample("b", BENDING), 0.01) and not bending.bends(_sample("b", BENDING), 0.09)
+    with pytest.raises(SystemExit, match="no such dataset file"):
+        bending.main([str(tmp_path / "missing.json")])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="expected a JSON list"):
+        bending.main([str(tmp_path / "bad.json")])
