@@ -8,7 +8,7 @@ pytest.importorskip("highway_env")
 
 from wam_diff_core.codec import parse_trajectory  # noqa: E402
 from wam_diff_core.constants import HORIZON_S, NUM_WAYPOINTS  # noqa: E402
-from wam_diff_core.sim.dagger import DaggerPolicy, collect, collect_route  # noqa: E402
+from wam_diff_core.sim.dagger import DaggerPolicy, collect, collect_route, trim_waits  # noqa: E402
 from wam_diff_core.sim.datagen import assign_splits  # noqa: E402
 from wam_diff_core.sim.highway import HighwayWorld, world_to_ego  # noqa: E402
 from wam_diff_core.sim.policies import ConstantVelocityPolicy  # noqa: E402
@@ -84,6 +84,59 @@ def test_collect_drives_training_routes_only_and_writes_a_dataset(tmp_path, monk
     # a rerun resumes from the parts: nothing is driven again
     again = collect(routes, "cv", tmp_path, seed_offsets=(7,), frame_size=(128, 64), progress=False)
     assert again["generated_samples"] == 0 and again["samples"] == stats["samples"]
+
+
+def _part(speeds, completed=False, crashed=False, dt=0.4):
+    samples = [{"id": f"s{i}", "task": "planning", "meta": {"t": round(i * dt, 3), "ego": [v, 0.0, 0.0, 0.0, 0.0]}}
+               for i, v in enumerate(speeds)]
+    return {"samples": samples[::-1], "completed": completed, "crashed": crashed}  # any order in, time order out
+
+
+def test_trim_waits_keeps_a_stuck_end_short_and_a_wait_at_both_ends():
+    # 10 moving samples, a 20-sample (8 s) wait the ego drives off from, 5 moving, then stuck to the end
+    speeds = [5.0] * 10 + [0.0] * 20 + [4.0] * 5 + [0.0] * 25
+    kept, dropped = trim_waits(_part(speeds), wait_keep_s=2.0, wait_lead_s=1.2)
+    ids = [int(s["id"][1:]) for s in kept]
+    wait = [i for i in ids if 10 <= i < 30]
+    stuck = [i for i in ids if i >= 35]
+    # the wait (t 4.0 .. 11.6) keeps t <= 4.0 + 2.0 and t >= 12.0 - 1.2: 6 + 3 samples
+    assert wait == [10, 11, 12, 13, 14, 15, 27, 28, 29]
+    # the stuck end (t 14.0 ..) keeps its first min(3, 2) s: 6 samples
+    assert stuck == [35, 36, 37, 38, 39, 40]
+    assert [i for i in ids if i < 10 or 30 <= i < 35] == list(range(10)) + list(range(30, 35))
+    assert dropped == len(speeds) - len(kept) == 11 + 19
+    # a drive that completed (or crashed) was not stuck: a stretch at its end stays whole, as in `wam-diff data`
+    kept_done, _ = trim_waits(_part(speeds, completed=True), wait_keep_s=2.0, wait_lead_s=1.2)
+    assert len([s for s in kept_done if int(s["id"][1:]) >= 35]) == 25
+    with pytest.raises(ValueError, match="wait_keep_s -1"):
+        trim_waits(_part(speeds), wait_keep_s=-1.0)
+
+
+def test_collect_trims_at_merge_without_driving_again(tmp_path, monkeypatch):
+    """--wait-keep-s applies when train.json is merged: the parts keep every sample, so a rerun with the
+    setting re-merges the same drives (none driven again) and drops the stationary stretch."""
+    route = Route("g_stop", "emergency_brake", 52, 1.0, 40.0, 8.0, {"lanes": 2, "vehicles": 2, "ego_speed": 12.0})
+    import wam_diff_core.sim.policies as policies
+
+    class Stop:  # plans to stand still: the drive ends stuck
+        needs_images, drives_itself = True, False
+
+        def plan(self, images, ego, command):
+            from wam_diff_core.types import Plan
+            return Plan(trajectory=np.zeros((NUM_WAYPOINTS, 2)), valid=True)
+
+    monkeypatch.setattr(policies, "_CACHED", {})
+    monkeypatch.setattr(policies, "load_policy", lambda spec, device="cpu", overrides=None: Stop())
+    whole = collect([route], "stop", tmp_path, seed_offsets=(0,), val_fraction=0.0, frame_size=(128, 64),
+                    progress=False)
+    trimmed = collect([route], "stop", tmp_path, seed_offsets=(0,), val_fraction=0.0, frame_size=(128, 64),
+                      progress=False, wait_keep_s=1.0)
+    assert trimmed["generated_samples"] == 0 and trimmed["wait_keep_s"] == 1.0
+    n_whole, n_trim = whole["samples"]["train"], trimmed["samples"]["train"]
+    assert n_trim == len(json.loads((tmp_path / "train.json").read_text()))
+    assert sum(trimmed["waiting_ticks_dropped"].values()) == n_whole - n_trim > 0
+    part = json.loads((tmp_path / "parts" / "g_stop.json").read_text())
+    assert len(part["samples"]) == n_whole  # the part on disk is untouched
 
 
 def test_collect_route_part_counts(tmp_path):

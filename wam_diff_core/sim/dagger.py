@@ -8,6 +8,14 @@ what the expert would drive from exactly that state: a copy of the world with th
 rule-based expert, stepped HORIZON_S ahead (`HighwayWorld.expert_rollout`). With probability `beta` the
 expert's plan is executed instead of the policy's (the DAgger mixture; 0 = the policy always drives).
 
+Stationary stretches are trimmed as `wam-diff data` trims them when `--wait-keep-s` is given: a drive
+that ends stuck (the policy blocked, and the expert's rollout from there often blocked too) keeps only
+its first seconds, and a wait the ego drives off from keeps its first --wait-keep-s and its last
+--wait-lead-s. Without it every labelled tick is kept: the third round (v11) drove 97 % of its
+intersection "stop" labels from such stuck stretches, and a model trained on them stopped at every
+junction. The parts keep every sample; the trimming happens when train.json is merged, so a rerun with
+another setting re-merges without driving again.
+
 Only routes of the training split are driven (the split `wam-diff data` assigns by route seed, so the
 held-out routes stay unseen), with seed offsets that change their traffic. Output follows `wam-diff
 data`: OUT/parts/<route>.json per finished route (a rerun resumes), OUT/train.json, OUT/stats.json with
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -27,8 +36,9 @@ from ..constants import IMAGE_PLACEHOLDER
 from ..eval import bench2drive
 from ..types import Plan
 from .closed_loop import route_jobs
-from .datagen import (DATASOURCE, VAL_FRACTION, add_split_arguments, merge_parts, pending_routes, training_copies,
-                      write_part)
+from ..constants import HORIZON_S
+from .datagen import (DATASOURCE, STUCK_KEEP_S, VAL_FRACTION, add_split_arguments, merge_parts, pending_routes,
+                      training_copies, waiting_keep, write_part)
 from .policies import expert_plan
 from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
                      select_routes)
@@ -95,6 +105,22 @@ class DaggerPolicy:
         return self.inner.plan(images, ego, command)
 
 
+def trim_waits(part: dict, wait_keep_s: float, wait_lead_s: float = HORIZON_S) -> tuple[list[dict], int]:
+    """A part's samples without the long stationary stretches (`datagen.waiting_keep` over the sampled
+    ticks, the ego's speed from each sample's meta): (kept samples in time order, samples dropped)."""
+    if not wait_keep_s >= 0:
+        raise ValueError(f"wait_keep_s {wait_keep_s}: expected seconds >= 0")
+    samples = sorted(part["samples"], key=lambda s: s["meta"]["t"])
+    if not samples:
+        return [], 0
+    speeds = np.array([math.hypot(s["meta"]["ego"][0], s["meta"]["ego"][1]) for s in samples])
+    times = np.array([s["meta"]["t"] for s in samples])
+    ended = part["completed"] or part["crashed"]  # a crash ends a drive, as in `wam-diff data`
+    keep = waiting_keep(speeds, times, ended, stuck_keep_s=min(STUCK_KEEP_S, wait_keep_s), wait_keep_s=wait_keep_s,
+                        lead_s=wait_lead_s)
+    return [s for s, k in zip(samples, keep) if k], int((~keep).sum())
+
+
 # ---------------------------------------------------------------- one route, workers
 def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_size=(256, 128),
                   every: int = 4, seed: int = 0) -> dict:
@@ -130,11 +156,15 @@ def _samples_postfix(done: list) -> dict:
 def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS,
             val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=(256, 128), every: int = 4, workers: int = 1,
             device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True,
-            split_over: Optional[list[Route]] = None) -> dict:
+            split_over: Optional[list[Route]] = None, wait_keep_s: Optional[float] = None,
+            wait_lead_s: float = HORIZON_S) -> dict:
     """Drive the training-split routes (once per seed offset) and write the DAgger dataset. The split is
-    drawn over `split_over` (the whole suite; default: `routes`)."""
+    drawn over `split_over` (the whole suite; default: `routes`). With `wait_keep_s`, stationary stretches
+    are trimmed when the dataset is merged (`trim_waits`)."""
     if every < 1:
         raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
+    if wait_keep_s is not None and not wait_keep_s >= 0:
+        raise ValueError(f"wait_keep_s {wait_keep_s}: expected seconds >= 0")
     out_dir = Path(out_dir)
     driven, held_out = training_copies(routes, val_fraction, seed_offsets, split_over)
     todo = pending_routes(out_dir, driven)
@@ -144,12 +174,14 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
                                       total=len(driven), postfix=_samples_postfix) if res is not None]
     generated = sum(res["num_samples"] for res in done)
     wall = time.perf_counter() - t0
-    stats = merge_parts(out_dir, driven, wall, generated)
+    select = None if wait_keep_s is None else (lambda part: trim_waits(part, wait_keep_s, wait_lead_s))
+    stats = merge_parts(out_dir, driven, wall, generated, select=select)
     parts = [json.loads(p.read_text()) for r in driven if (p := out_dir / "parts" / f"{r.route_id}.json").is_file()]
     drives = bench2drive.summarize([p["record"] for p in parts], expected_route_ids=[r.route_id for r in driven])
     stats.update({
         "policy": policy_spec, "policy_overrides": overrides or {}, "beta": beta, "every": every,
         "seed_offsets": list(seed_offsets), "held_out_routes": held_out,
+        "wait_keep_s": wait_keep_s, "wait_lead_s": wait_lead_s if wait_keep_s is not None else None,
         "expert_crashed_labels": int(sum(p["expert_crashed"] for p in parts)),
         "expert_executed_plans": int(sum(p["expert_steps"] for p in parts)),
         "label_s": round(sum(p["label_s"] for p in parts), 2),
@@ -172,6 +204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", type=int, default=4, help="ticks between plans; each plan is one labelled sample")
     parser.add_argument("--frame-size", default="256x128")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--wait-keep-s", type=float, default=None,
+                        help="trim stationary stretches as `wam-diff data` does: a drive ending stuck keeps its first "
+                             "min(3, N) s, a wait the ego drives off from its first N s and its last --wait-lead-s "
+                             "(default: keep every labelled tick)")
+    parser.add_argument("--wait-lead-s", type=float, default=HORIZON_S,
+                        help="with --wait-keep-s: seconds before the ego drives off that are kept (default 4)")
     add_decoding_arguments(parser)
 
 
@@ -185,7 +223,8 @@ def run(args) -> int:
     offsets, (w, h) = parse_seed_offsets(args.seed_offsets), parse_frame_size(args.frame_size)
     stats = collect(routes, args.policy, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction,
                     beta=args.beta, frame_size=(w, h), every=args.every, workers=args.workers, device=args.device,
-                    overrides=policy_overrides(args.block_size, args.steps), split_over=load_routes(args.routes))
+                    overrides=policy_overrides(args.block_size, args.steps), split_over=load_routes(args.routes),
+                    wait_keep_s=args.wait_keep_s, wait_lead_s=args.wait_lead_s)
     print(json.dumps({k: stats[k] for k in ("samples", "routes", "drives", "expert_crashed_labels",
                                              "expert_executed_plans", "wall_s", "label_s")}, indent=2))
     return 0
