@@ -32,13 +32,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..constants import IMAGE_PLACEHOLDER
+from ..constants import HORIZON_S, IMAGE_PLACEHOLDER
 from ..eval import bench2drive
 from ..types import Plan
 from .closed_loop import route_jobs
-from ..constants import HORIZON_S
-from .datagen import (DATASOURCE, STUCK_KEEP_S, VAL_FRACTION, add_split_arguments, merge_parts, pending_routes,
-                      training_copies, waiting_keep, write_part)
+from .datagen import (DATASOURCE, STUCK_KEEP_S, VAL_FRACTION, add_split_arguments, add_wait_arguments, merge_parts,
+                      pending_routes, training_copies, waiting_keep, write_part)
 from .policies import expert_plan
 from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
                      select_routes)
@@ -204,12 +203,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", type=int, default=4, help="ticks between plans; each plan is one labelled sample")
     parser.add_argument("--frame-size", default="256x128")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--wait-keep-s", type=float, default=None,
-                        help="trim stationary stretches as `wam-diff data` does: a drive ending stuck keeps its first "
-                             "min(3, N) s, a wait the ego drives off from its first N s and its last --wait-lead-s "
-                             "(default: keep every labelled tick)")
-    parser.add_argument("--wait-lead-s", type=float, default=HORIZON_S,
-                        help="with --wait-keep-s: seconds before the ego drives off that are kept (default 4)")
+    add_wait_arguments(parser, "default: keep every labelled tick")
     add_decoding_arguments(parser)
 
 

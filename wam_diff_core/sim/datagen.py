@@ -387,6 +387,16 @@ def add_split_arguments(parser: argparse.ArgumentParser, seed_offsets: tuple[int
                         help="share of route seeds held out (as in `wam-diff data`); held-out routes are not driven")
 
 
+def add_wait_arguments(parser: argparse.ArgumentParser, default_note: str) -> None:
+    """--wait-keep-s and --wait-lead-s (`waiting_keep`) of the commands that write driving data."""
+    parser.add_argument("--wait-keep-s", type=float, default=None,
+                        help="of each stationary wait keep frames from its first N s only, and from its last "
+                             "--wait-lead-s s when the ego drives off (balances waiting against starting); a run "
+                             f"stuck at its end keeps its first min(3, N) s; {default_note}")
+    parser.add_argument("--wait-lead-s", type=float, default=HORIZON_S,
+                        help="with --wait-keep-s: seconds before the ego drives off that are kept (default 4)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="dataset directory")
     add_selection_arguments(parser)
@@ -395,12 +405,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help="share of route seeds held out")
     parser.add_argument("--frame-size", default="384x192")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--wait-keep-s", type=float, default=None,
-                        help="of each stationary wait keep frames from its first N s only, and from its last "
-                             "--wait-lead-s s when the ego drives off (balances waiting against starting); "
-                             "default: keep every wait frame (a run stuck at its end keeps its first 3 s)")
-    parser.add_argument("--wait-lead-s", type=float, default=HORIZON_S,
-                        help="with --wait-keep-s: seconds before the ego drives off that are kept (default 4)")
+    add_wait_arguments(parser, "default: keep every wait frame (a run stuck at its end keeps its first 3 s)")
     parser.add_argument("--seed-offsets", default="0",
                         help="comma-separated: drive every route once per offset, its traffic seeded with seed + offset "
                              "(copies keep their route's split)")
