@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -120,6 +121,12 @@ def trim_waits(part: dict, wait_keep_s: float, wait_lead_s: float = HORIZON_S) -
     return [s for s, k in zip(samples, keep) if k], int((~keep).sum())
 
 
+def _trimmed(part: dict, wait_keep_s: float, wait_lead_s: float) -> dict:
+    """The part as merged with --wait-keep-s: one labelled plan per frame, so frames follow the samples."""
+    samples, dropped = trim_waits(part, wait_keep_s, wait_lead_s)
+    return part | {"samples": samples, "frames": len(samples), "waiting_ticks_dropped": dropped}
+
+
 # ---------------------------------------------------------------- one route, workers
 def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_size=(256, 128),
                   every: int = 4, seed: int = 0) -> dict:
@@ -173,8 +180,9 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
                                       total=len(driven), postfix=_samples_postfix) if res is not None]
     generated = sum(res["num_samples"] for res in done)
     wall = time.perf_counter() - t0
-    select = None if wait_keep_s is None else (lambda part: trim_waits(part, wait_keep_s, wait_lead_s))
-    stats = merge_parts(out_dir, driven, wall, generated, select=select)
+    stats = merge_parts(out_dir, driven, wall, generated,
+                        select=None if wait_keep_s is None else partial(_trimmed, wait_keep_s=wait_keep_s,
+                                                                          wait_lead_s=wait_lead_s))
     parts = [json.loads(p.read_text()) for r in driven if (p := out_dir / "parts" / f"{r.route_id}.json").is_file()]
     drives = bench2drive.summarize([p["record"] for p in parts], expected_route_ids=[r.route_id for r in driven])
     stats.update({

@@ -307,8 +307,9 @@ def _worker(route_dict, out_dir, every, frame_size, split, tasks, wait_keep_s, w
 def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_samples: int,
                 select=None) -> dict:
     """Merge OUT/parts into train.json / val.json / scenes_val.jsonl; write and return the statistics.
-    `select(part) -> (samples, dropped)`, when given, chooses each part's samples at merge time (the part
-    on disk keeps them all, so a rerun with another selection needs no new drive)."""
+    `select(part) -> part`, when given, rewrites each part as read (its samples, frames and
+    waiting_ticks_dropped) before it is merged; the part on disk keeps every sample, so a rerun with
+    another selection needs no new drive."""
     split_samples = {"train": [], "val": []}
     scenes = []
     per_scenario, per_task, commands, qa_kinds, next_actions = Counter(), Counter(), Counter(), Counter(), Counter()
@@ -322,8 +323,7 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
         if part["crashed"]:
             crashed.append(r.route_id)
         if select is not None:
-            part["samples"], part["waiting_ticks_dropped"] = select(part)
-            part["frames"] = len(part["samples"])
+            part = select(part)
         if part.get("waiting_ticks_dropped"):
             waiting[r.route_id] = part["waiting_ticks_dropped"]
         split_samples[part["split"]].extend(part["samples"])
