@@ -57,6 +57,7 @@ class Bucket:
     threshold: float
     temperature: float
     constrained: bool = False  # logits masked per position (the trajectory grammar) before each commit
+    ordered: bool = False  # commits follow the grammar's chains (number order)
 
 
 class BlockState:
@@ -78,6 +79,8 @@ class BlockState:
         self.offsets = torch.arange(B, device=dev)
         # tokens each block position may not hold, refreshed in place before every block
         self.banned = torch.zeros((b, B, weight.shape[0]), dtype=torch.bool, device=dev) if bucket.constrained else None
+        # block position where each position's chain starts, refreshed in place before every block
+        self.chains = self.offsets.repeat(b, 1) if bucket.ordered else None
 
 
 def forward_static(runner: ModelRunner, tokens: torch.Tensor, rope, cache: StaticKVCache,
@@ -117,7 +120,7 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
         if st.banned is not None:
             logits = logits.masked_fill(st.banned, float("-inf"))
         x, masked = remask_step(logits, st.x, st.masked, bucket.strategy, bucket.threshold, K, s,
-                                bucket.temperature, generator)
+                                bucket.temperature, generator, st.chains)
         st.x.copy_(x)
         st.masked.copy_(masked)
     st.pend.copy_(st.x)
@@ -205,16 +208,18 @@ class GraphRunner:
         self.captures = 0  # buckets captured (each: a first-block and a later-block graph)
         self.replays = 0
 
-    def bucket_for(self, batch: int, cfg: DecoderConfig, need: int, constrained: bool = False) -> _BucketRun:
+    def bucket_for(self, batch: int, cfg: DecoderConfig, need: int, constrained: bool = False,
+                   ordered: bool = False) -> _BucketRun:
         K = step_count(cfg.block_size, cfg.steps)
-        want = (batch, cfg.block_size, K, cfg.strategy, cfg.threshold, cfg.temperature, constrained)
+        want = (batch, cfg.block_size, K, cfg.strategy, cfg.threshold, cfg.temperature, constrained, ordered)
         same = [r for key, r in self.buckets.items()
                 if (key.batch, key.block_size, key.steps, key.strategy, key.threshold, key.temperature,
-                    key.constrained) == want and key.capacity >= need]
+                    key.constrained, key.ordered) == want and key.capacity >= need]
         if same:
             return min(same, key=lambda r: r.bucket.capacity)
         capacity = -(-need // CAPACITY_ROUND) * CAPACITY_ROUND
-        bucket = Bucket(batch, cfg.block_size, K, capacity, cfg.strategy, cfg.threshold, cfg.temperature, constrained)
+        bucket = Bucket(batch, cfg.block_size, K, capacity, cfg.strategy, cfg.threshold, cfg.temperature, constrained,
+                        ordered)
         if self.cuda_graphs and cfg.temperature > 0:
             raise ValueError("captured decoding is greedy only (temperature 0); sampling runs with cuda_graphs off")
         run = _BucketRun(self, bucket)
@@ -238,7 +243,8 @@ class GraphRunner:
         B, n_blocks = cfg.block_size, cfg.num_blocks
         pads = (prompt_len - batch.attention_mask.sum(dim=1)).tolist()  # host ints, once per request
         clock = PhaseClock(device)
-        run = self.bucket_for(b, cfg, prompt_len + (n_blocks + 1) * B, constraint is not None)
+        ordered = constraint is not None and cfg.number_order
+        run = self.bucket_for(b, cfg, prompt_len + (n_blocks + 1) * B, constraint is not None, ordered)
         st = run.state
         clock.lap("capture")
 
@@ -260,6 +266,8 @@ class GraphRunner:
                 st.pos.add_(B)
             if constraint is not None:
                 st.banned.copy_(constraint.banned(j * B, B, st.banned.shape[-1]))
+            if ordered:
+                st.chains.copy_(constraint.chains(j * B, B))
             run.block(j > 0, lens_host, generator)
             if j > 0:
                 lens_host = [n + B for n in lens_host]

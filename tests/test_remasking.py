@@ -52,3 +52,55 @@ def test_greedy_prediction_is_the_argmax_with_its_probability():
     pred, conf = predict(logits, 0.0)
     assert pred.item() == 1
     assert conf.item() == pytest.approx(torch.softmax(logits, -1).max().item())
+
+
+# number order: chains of positions committed left to right (the digits of a fixed-style number)
+
+def _chains(*runs: int) -> torch.Tensor:
+    """(1, sum(runs)) chain starts for consecutive runs of the given lengths."""
+    starts, p = [], 0
+    for n in runs:
+        starts += [p] * n
+        p += n
+    return torch.tensor([starts])
+
+
+def test_chained_commit_fills_the_quota_from_each_chains_frontier_only():
+    # two chains of 4; the most confident positions sit at the chains' ends
+    conf = torch.tensor([[0.30, 0.20, 0.10, 0.80, 0.60, 0.50, 0.40, 0.85]])
+    masked = torch.ones(1, 8, dtype=torch.bool)
+    commit = commit_mask(conf, masked, "low_confidence_dynamic", 0.9, steps=4, step=0, chain_start=_chains(4, 4))
+    # need = 2 of 8 in 4 steps: the two frontiers (0 and 4), not positions 3 and 7
+    assert commit[0].nonzero().flatten().tolist() == [0, 4]
+    masked = masked & ~commit
+    commit = commit_mask(conf, masked, "low_confidence_dynamic", 0.9, steps=4, step=1, chain_start=_chains(4, 4))
+    assert commit[0].nonzero().flatten().tolist() == [1, 5]  # the new frontiers
+
+
+def test_a_confident_position_commits_only_behind_a_committed_or_confident_prefix():
+    conf = torch.tensor([[0.95, 0.99, 0.50, 0.97, 0.20, 0.99, 0.99, 0.99]])
+    masked = torch.ones(1, 8, dtype=torch.bool)
+    commit = commit_mask(conf, masked, "low_confidence_dynamic", 0.9, steps=4, step=0, chain_start=_chains(4, 4))
+    # chain 1: 0 and 1 are confident from its start, 3 waits behind the unsure 2; chain 2: its start (0.20)
+    # is unsure, so nothing of it is confident-committed, but the quota (2) takes the best frontier, 4
+    assert commit[0].nonzero().flatten().tolist() == [0, 1, 4]
+
+
+def test_chained_commit_finishes_the_block_on_the_last_step():
+    conf = torch.rand(2, 8)
+    masked = torch.tensor([[True] * 8, [False, True, True, False, True, True, True, True]])
+    for strategy in ("low_confidence_dynamic", "low_confidence_static", "sequential"):
+        commit = commit_mask(conf, masked, strategy, 0.9, steps=4, step=3, chain_start=_chains(8).expand(2, 8))
+        assert commit.equal(masked)
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static", "sequential"])
+def test_one_position_per_chain_is_the_unchained_rule(strategy):
+    gen = torch.Generator().manual_seed(0)
+    own = torch.arange(16).expand(3, 16)
+    for step in range(3):  # the last step: the chained rule commits all that is left (tested above)
+        conf = torch.rand(3, 16, generator=gen)
+        masked = torch.rand(3, 16, generator=gen) < 0.7
+        plain = commit_mask(conf, masked, strategy, 0.8, steps=4, step=step)
+        chained = commit_mask(conf, masked, strategy, 0.8, steps=4, step=step, chain_start=own)
+        assert chained.equal(plain), (strategy, step)

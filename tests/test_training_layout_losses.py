@@ -260,3 +260,34 @@ def test_bad_samples_are_skipped_and_counted_or_stop_with_an_error_naming_the_sa
     assert isinstance(items[0], BadSample) and items[0].sample_id == "good"
     batch = collate(items, pad_id=0)
     assert batch.sample_ids == ["good-text"] and [b.sample_id for b in batch.skipped] == ["good"]
+
+
+def test_chain_corruption_masks_each_number_from_a_random_digit_on_and_keeps_separators():
+    from wam_diff_core.codec import FIXED_NUMBER_WIDTH, FIXED_TRAJECTORY_CHARS
+
+    response = list(range(300, 300 + FIXED_TRAJECTORY_CHARS + 1))  # a fixed trajectory + EOS: 128 tokens
+    fixed = Example("p", "planning", torch.tensor([1, 2, 3]), torch.zeros(3, dtype=torch.int32),
+                    torch.tensor(response), None, None, chained=True)
+    free = _example("q", [1, 2], list(range(400, 440)))
+    batch = collate([fixed, free], pad_id=0)
+    w = FIXED_NUMBER_WIDTH
+    assert batch.chain_start[0, :w + 3].tolist() == [0] * w + [w, w + 1, w + 1]  # number, comma, next number
+    assert batch.chain_start[1, :40].tolist() == list(range(40))
+    lay = layout(batch, 32)
+    cor = corrupt(batch, lay, 99, torch.Generator().manual_seed(0), chain_share=1.0)
+    m = cor.masked[0, :FIXED_TRAJECTORY_CHARS + 1]
+    numbers = m.view(-1, FIXED_NUMBER_WIDTH + 1)  # 16 numbers, each + its comma (the last one's: EOS)
+    digits, seps = numbers[:, :FIXED_NUMBER_WIDTH], numbers[:, FIXED_NUMBER_WIDTH]
+    assert not seps.any() and not m[FIXED_TRAJECTORY_CHARS]  # separators and EOS stay visible
+    assert (digits.int()[:, 1:] >= digits.int()[:, :-1]).all()  # masked from some digit on: a suffix
+    cuts = (~digits).sum(1)
+    assert len(set(cuts.tolist())) > 3  # the cut varies from number to number
+    # t: each block's masked share; the input holds the mask id exactly where masked
+    share = m.view(4, 32).float().mean(1)
+    assert torch.allclose(cor.t[0, :128].view(4, 32)[:, 0], share.clamp(min=1 / 32))
+    assert ((cor.input_ids[0, lay.noisy_pos[0, :128]] == 99) == m).all()
+    # the untrained-for row keeps the uniform corruption, drawn exactly as with chain_share 0
+    plain = corrupt(batch, lay, 99, torch.Generator().manual_seed(0))
+    assert cor.masked[1].equal(plain.masked[1]) and cor.t[1].equal(plain.t[1])
+    # chain_share 0 draws nothing more: the same masks as before the option existed
+    assert corrupt(batch, lay, 99, torch.Generator().manual_seed(0), chain_share=0.0).masked.equal(plain.masked)

@@ -1,6 +1,7 @@
 """The fixed trajectory style and the grammar that constrains planning answers to it."""
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,14 @@ def test_fixed_style_dataset_and_training_run_record_the_format(nano, tmp_path, 
     assert main(["distill", "--student", str(out / "ar" / "model"), "--teacher", str(init), "--block-size", "4",
                  "--max-steps", "1", *args]) != 0
     assert "answers planning in the 'official' trajectory style, the student trains on 'fixed'" in capsys.readouterr().err
+    # distillation from the AR model with number-order corruption on every trajectory block runs and learns
+    assert x.chained and not official[1].chained
+    assert main(["distill", "--student", str(out / "ar" / "model"), "--teacher", str(out / "ar" / "model"),
+                 "--block-size", "32", "--teacher-block-size", "1", "--max-steps", "2", "--out", str(tmp_path / "chain"),
+                 "--set", "data.trajectory_format=fixed", "--set", "noise.chain_share=1.0", *args[:2], *args[4:]]) == 0
+    metrics = (tmp_path / "chain" / "distill" / "metrics.jsonl").read_text().splitlines()
+    losses = [row["loss"] for row in map(json.loads, metrics) if "loss" in row]
+    assert losses and all(math.isfinite(v) and v > 0 for v in losses)
 
 
 @pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic"])
@@ -180,3 +189,54 @@ def test_the_static_decode_path_applies_the_grammar_with_the_same_tokens_as_the_
     assert not isinstance(parse_trajectory(nano.processor.decode(eager.token_ids[0])), ParseError)
     free = generate(runner, batch, dataclasses.replace(cfg, cuda_graphs=True), *ids)  # an unconstrained bucket
     assert free.token_ids != static.token_ids
+
+
+def test_chain_starts_group_each_fixed_number_and_leave_separators_and_eos_alone():
+    from wam_diff_core.codec import FIXED_NUMBER_WIDTH, fixed_trajectory_chain_starts
+
+    starts = fixed_trajectory_chain_starts(136)
+    w = FIXED_NUMBER_WIDTH + 1
+    assert starts[:w + 2] == [0] * FIXED_NUMBER_WIDTH + [FIXED_NUMBER_WIDTH] + [w, w]
+    assert starts[FIXED_TRAJECTORY_CHARS - 1] == FIXED_TRAJECTORY_CHARS - FIXED_NUMBER_WIDTH  # last number's sign
+    assert starts[FIXED_TRAJECTORY_CHARS:] == list(range(FIXED_TRAJECTORY_CHARS, 136))  # EOS and after
+
+
+def _commit_history(monkeypatch, runner, batch, cfg, grammar, ids):
+    """Decode, recording the planning row's masked state after every step."""
+    import wam_diff_core.decoding.block_diffusion as bd
+
+    states, real = [], bd.commit_mask
+
+    def spy(conf, masked, *args):
+        commit = real(conf, masked, *args)
+        states.append((masked & ~commit)[0].clone())
+        return commit
+
+    monkeypatch.setattr(bd, "commit_mask", spy)
+    generate(runner, batch, cfg, *ids, grammar)
+    return states
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_number_order_commits_each_number_most_significant_first(nano, camera_image, monkeypatch, block_size):
+    from wam_diff_core.codec import FIXED_NUMBER_WIDTH
+
+    runner = ModelRunner(nano.model, "sdpa")
+    batch = nano.processor.encode([chat_prompt(planning_prompt(EgoState(vx=12.0), "follow lane"), 1)], [[camera_image]])
+    grammar = planning_constraint(nano.processor.tokenizer, _fixed(nano).settings, ["planning"], 128, runner.vocab_size, "cpu")
+    ids = nano.settings.mask_token_id, nano.settings.eos_token_id
+    cfg = DecoderConfig(block_size=block_size, steps=4, max_new_tokens=128, ignore_eos=True)
+
+    def prefix_violations(states):
+        bad = 0
+        for masked in states:  # per block: numbers start at multiples of 8 (block sizes 8 and 32)
+            for number in masked.view(-1, FIXED_NUMBER_WIDTH + 1)[:, :FIXED_NUMBER_WIDTH]:
+                committed = (~number).int()
+                bad += int((committed[1:] > committed[:-1]).any())  # a committed digit after a masked one
+        return bad
+
+    ordered = _commit_history(monkeypatch, runner, batch, cfg, grammar, ids)
+    assert len(ordered) >= 128 // block_size  # at least one step per block (dynamic blocks may settle early)
+    assert prefix_violations(ordered) == 0
+    free = _commit_history(monkeypatch, runner, batch, dataclasses.replace(cfg, number_order=False), grammar, ids)
+    assert prefix_violations(free) > 0  # confidence order alone commits digits behind masked ones

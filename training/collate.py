@@ -9,7 +9,9 @@ vectorised over the batch:
   prompt position for k = 0; later offsets from the noisy copy's position k - 1);
 - `positions(batch, model)`: M-RoPE positions; the noisy copy reuses the clean copy's positions;
 - `corrupt(...)`: a stratified noise level t per response block, each noisy token masked with
-  probability t.
+  probability t; or, for a share of the blocks of fixed-style trajectories (`chain_share`), the states
+  number-order decoding meets: each number of the block masked from a random digit on (a committed
+  most-significant prefix, the rest masked), separators and EOS visible.
 A batch built with `with_noisy=False` is `[prefix | response]`: the B = 1 layout, plain AR training.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from wam_diff_core.attention.backends import BlockSpec
 from wam_diff_core.attention.block_mask import CLEAN, NOISY, PAD, PREFIX
+from wam_diff_core.codec import fixed_trajectory_chain_starts
 
 from .data import BadSample, Example
 from .perception import batch_occupancy
@@ -48,6 +51,7 @@ class TrainBatch:
     examples: list[Example] = field(default_factory=list)
     skipped: list[BadSample] = field(default_factory=list)
     occupancy: Optional[torch.Tensor] = None  # (visual tokens, cells^2) perception targets, NaN rows: none
+    chain_start: Optional[torch.Tensor] = None  # (b, R_max) response index where token k's chain starts
 
     @property
     def size(self) -> int:
@@ -64,6 +68,7 @@ class TrainBatch:
                                 self.prefix_mask, self.prefix_len, self.response_len, self.targets,
                                 self.pixel_values, self.image_grid_thw)),
             self.with_noisy, self.sample_ids, self.tasks, self.examples, self.skipped, move(self.occupancy),
+            move(self.chain_start),
         )
 
 
@@ -104,7 +109,20 @@ def collate(items: Sequence[Union[Example, BadSample]], pad_id: int, with_noisy:
         examples=good,
         skipped=bad,
         occupancy=batch_occupancy(good),
+        chain_start=chain_starts(good),
     )
+
+
+def chain_starts(examples: Sequence[Example]) -> torch.Tensor:
+    """(b, R_max) long: the response index where token k's chain starts: the first character of its
+    number in a fixed-style trajectory (`Example.chained`), k itself everywhere else."""
+    width = max(len(x.response_ids) for x in examples)
+    out = torch.arange(width).repeat(len(examples), 1)
+    fixed = torch.tensor(fixed_trajectory_chain_starts(width))
+    for i, x in enumerate(examples):
+        if x.chained:
+            out[i] = fixed
+    return out
 
 
 @dataclass
@@ -197,11 +215,38 @@ def stratified_t(num_blocks: torch.Tensor, max_blocks: int, generator: Optional[
     return t_min + (t_max - t_min) * strat.clamp(0.0, 1.0)
 
 
+def chain_masks(batch: TrainBatch, lay: Layout, generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The number-order corruption of every response block: (masked (b, R_max) bool, t (b, R_max)).
+
+    Each chain of two or more tokens inside a block (a number; a chain crossing a block boundary starts
+    at the block's first position, its earlier part being clean context) is masked from a random offset
+    c in 0 .. length on; single-token chains (separators, EOS, untrained rows) stay visible. t is the
+    block's masked share of its tokens (at least 1 / B), the noise level the 1/t weighting of the loss reads."""
+    b, R_max = batch.targets.shape
+    device = batch.targets.device
+    B = lay.block_size
+    k = torch.arange(R_max, device=device)[None]
+    start = torch.maximum(batch.chain_start, (k // B) * B)
+    valid = lay.valid
+    length = torch.zeros(b, R_max, device=device).scatter_add_(1, start, valid.float()).gather(1, start)
+    u = torch.rand(b, R_max, generator=generator, device=device).gather(1, start)  # one draw per chain
+    cut = torch.floor(u * (length + 1))
+    masked = ((k - start) >= cut) & valid & (length > 1)
+    blocks = -(-R_max // B)
+    count = torch.zeros(b, blocks, device=device).scatter_add_(1, lay.response_block, masked.float())
+    size = torch.zeros(b, blocks, device=device).scatter_add_(1, lay.response_block, valid.float())
+    t = (count / size.clamp(min=1)).clamp(min=1.0 / B).gather(1, lay.response_block)
+    return masked, t
+
+
 def corrupt(batch: TrainBatch, lay: Layout, mask_id: int, generator: Optional[torch.Generator] = None,
-            t_min: float = 0.05, t_max: float = 1.0, force_t: Optional[float] = None) -> Corruption:
+            t_min: float = 0.05, t_max: float = 1.0, force_t: Optional[float] = None,
+            chain_share: float = 0.0) -> Corruption:
     """Mask the noisy copy: a stratified t per response block, each token masked with probability t.
-    `force_t` fixes t everywhere (1.0 masks every response token). Without a noisy copy (AR) nothing is
-    masked in the input and every response token counts, with t = 1."""
+    `force_t` fixes t everywhere (1.0 masks every response token). With `chain_share` > 0 that share of
+    the response blocks of chained samples (fixed-style trajectories) is corrupted by `chain_masks`
+    instead. Without a noisy copy (AR) nothing is masked in the input and every response token counts,
+    with t = 1."""
     b, R_max = batch.targets.shape
     device = batch.targets.device
     if not batch.with_noisy:
@@ -216,6 +261,12 @@ def corrupt(batch: TrainBatch, lay: Layout, mask_id: int, generator: Optional[to
     t = t_block.gather(1, lay.response_block)
     draw = torch.rand(b, R_max, generator=generator, device=device)
     masked = (draw < t) & lay.valid
+    if chain_share > 0 and force_t is None and batch.chain_start is not None:
+        c_masked, c_t = chain_masks(batch, lay, generator)
+        chained = (batch.chain_start != torch.arange(R_max, device=device)[None]).any(dim=1)
+        pick = (torch.rand(b, max_blocks, generator=generator, device=device) < chain_share) & chained[:, None]
+        pick = pick.gather(1, lay.response_block)
+        masked, t = torch.where(pick, c_masked, masked), torch.where(pick, c_t, t)
     ids = batch.input_ids.clone()
     current = ids.gather(1, lay.noisy_pos)
     ids.scatter_(1, lay.noisy_pos, torch.where(masked, torch.full_like(current, mask_id), current))

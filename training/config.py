@@ -51,6 +51,7 @@ class OptimConfig:
 class NoiseConfig:
     t_min: float = 0.05  # noise level range of a response block; stratified across blocks
     t_max: float = 1.0
+    chain_share: float = 0.0  # share of fixed-trajectory blocks corrupted as number-order decoding meets them
 
 
 @dataclass
@@ -232,6 +233,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"block sizes must be >= 1, got {cfg.block_size} / {cfg.block_sizes}")
     if not 0.0 <= cfg.noise.t_min <= cfg.noise.t_max <= 1.0 or cfg.noise.t_max <= 0:
         raise ConfigError(f"need 0 <= noise.t_min <= noise.t_max <= 1, got {cfg.noise.t_min}, {cfg.noise.t_max}")
+    if not 0.0 <= cfg.noise.chain_share <= 1.0:
+        raise ConfigError(f"noise.chain_share must be in [0, 1], got {cfg.noise.chain_share!r}")
     if cfg.distill.divergence not in ("jsd", "forward_kl", "reverse_kl"):
         raise ConfigError(f"distill.divergence must be jsd, forward_kl or reverse_kl, got {cfg.distill.divergence!r}")
     if not 0.0 <= cfg.distill.ratio <= 1.0:

@@ -65,10 +65,12 @@ class Example:
     image_grid_thw: Optional[torch.Tensor]
     response_text: str = ""
     occupancy: Optional[torch.Tensor] = None  # (visual tokens, cells^2) perception targets (training/perception.py)
+    chained: bool = False  # the response is a fixed-style trajectory: its numbers are chains (codec)
 
     def with_response(self, response_ids: torch.Tensor) -> "Example":
+        chained = self.chained and len(response_ids) == len(self.response_ids)
         return Example(self.sample_id, self.task, self.prompt_ids, self.mm_token_type_ids, response_ids,
-                       self.pixel_values, self.image_grid_thw, "", self.occupancy)
+                       self.pixel_values, self.image_grid_thw, "", self.occupancy, chained)
 
 
 @dataclass
@@ -237,7 +239,7 @@ class DrivingDataset(torch.utils.data.Dataset):
             occupancy = sample_occupancy(self.metas[index], enc.image_grid_thw, int(ip.patch_size), int(ip.merge_size),
                                          self.occupancy_cells)
         return Example(sid, task, enc.input_ids[0], enc.mm_token_type_ids[0], resp, enc.pixel_values,
-                       enc.image_grid_thw, response, occupancy)
+                       enc.image_grid_thw, response, occupancy, self.grammar is not None and task == "planning")
 
     def __getitem__(self, index: int) -> Union[Example, BadSample]:
         try:

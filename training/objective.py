@@ -79,14 +79,15 @@ def with_occupancy(loss: torch.Tensor, stats: dict, occ_logits: Optional[torch.T
 
 def diffusion_loss(module, model, batch: TrainBatch, block_size: int, mask_id: int,
                    generator: Optional[torch.Generator] = None, t_min: float = 0.05, t_max: float = 1.0,
-                   force_t: Optional[float] = None, occupancy_weight: float = 0.0) -> StepOutput:
+                   force_t: Optional[float] = None, occupancy_weight: float = 0.0, chain_share: float = 0.0) -> StepOutput:
     """Masked cross-entropy weighted by 1/t, normalised by the batch's response-token count (+ the
-    perception loss times `occupancy_weight` when the module has an occupancy head).
+    perception loss times `occupancy_weight` when the module has an occupancy head); `chain_share`: see
+    `collate.corrupt`.
 
     module: SelectedLogits (or its DDP wrapper) over `model`."""
     lay = layout(batch, block_size)
     pos = positions(batch, model)
-    cor = corrupt(batch, lay, mask_id, generator, t_min, t_max, force_t)
+    cor = corrupt(batch, lay, mask_id, generator, t_min, t_max, force_t, chain_share)
     row_b, row_k = masked_rows(cor)
     logits, occ = _split(run_logits(module, model, batch, lay, cor.input_ids, pos, row_b, row_k))
     n_tokens = lay.valid.sum().clamp(min=1)
@@ -101,7 +102,8 @@ def diffusion_loss(module, model, batch: TrainBatch, block_size: int, mask_id: i
 def distill_loss(module, model, teacher, batch: TrainBatch, block_size: int, teacher_block_size: int, mask_id: int,
                  generator: Optional[torch.Generator] = None, t_min: float = 0.05, t_max: float = 1.0,
                  ratio: float = 1.0, kind: str = "jsd", beta: float = 0.5, temperature: float = 1.0,
-                 chunk_size: int = 1024, force_t: Optional[float] = None, occupancy_weight: float = 0.0) -> StepOutput:
+                 chunk_size: int = 1024, force_t: Optional[float] = None, occupancy_weight: float = 0.0,
+                 chain_share: float = 0.0) -> StepOutput:
     """(1 - ratio) CE + ratio divergence(student, teacher) over the masked response tokens.
 
     Teacher and student read the same corrupted sequence; each uses its own block size for the block
@@ -110,7 +112,7 @@ def distill_loss(module, model, teacher, batch: TrainBatch, block_size: int, tea
     lay = layout(batch, block_size)
     t_lay = layout(batch, teacher_block_size)
     pos = positions(batch, model)
-    cor = corrupt(batch, lay, mask_id, generator, t_min, t_max, force_t)
+    cor = corrupt(batch, lay, mask_id, generator, t_min, t_max, force_t, chain_share)
     row_b, row_k = masked_rows(cor)
     logits, occ = _split(run_logits(module, model, batch, lay, cor.input_ids, pos, row_b, row_k))
     with torch.no_grad():

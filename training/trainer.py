@@ -344,12 +344,13 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                 with sync, autocast:
                     if teacher is None:
                         out = diffusion_loss(module, model, batch, stage.block_size, mask_id, gen, cfg.noise.t_min,
-                                             cfg.noise.t_max, occupancy_weight=pc.occupancy_weight)
+                                             cfg.noise.t_max, occupancy_weight=pc.occupancy_weight,
+                                             chain_share=cfg.noise.chain_share)
                     else:
                         out = distill_loss(module, model, teacher, batch, stage.block_size, teacher_B, mask_id, gen,
                                            cfg.noise.t_min, cfg.noise.t_max, 1.0 if on_policy else dist_cfg.ratio,
                                            dist_cfg.divergence, dist_cfg.beta, dist_cfg.temperature, dist_cfg.chunk_size,
-                                           occupancy_weight=pc.occupancy_weight)
+                                           occupancy_weight=pc.occupancy_weight, chain_share=cfg.noise.chain_share)
                     (out.loss * (scale / tc.grad_accum)).backward()
                 for k, v in {"loss": out.loss.detach(), **out.stats}.items():
                     stats_acc[k] = stats_acc.get(k, 0.0) + float(v) / tc.grad_accum

@@ -99,6 +99,18 @@ def fixed_trajectory_slots() -> tuple[str, ...]:
     return tuple((number + [","]) * (2 * NUM_WAYPOINTS - 1) + number)
 
 
+def fixed_trajectory_chain_starts(length: int) -> list[int]:
+    """For each of `length` answer positions, where the number it belongs to starts: the first character
+    (the sign) of its fixed-style number, or the position itself for a separator and for anything after
+    the trajectory (EOS). The characters of one number, most significant first, form a chain."""
+    starts = []
+    for p in range(length):
+        slot = p % (FIXED_NUMBER_WIDTH + 1)
+        in_number = p < FIXED_TRAJECTORY_CHARS and slot < FIXED_NUMBER_WIDTH
+        starts.append(p - slot if in_number else p)
+    return starts
+
+
 def format_trajectory(trajectory: np.ndarray, style: str = "official") -> str:
     """(NUM_WAYPOINTS, 2) metres in the ego frame -> "x1,y1,...,x8,y8" with two decimals, no spaces.
 

@@ -47,7 +47,8 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
 
     With CUDA graphs or the FlashInfer backend the capture-ready static path in `kernels` decodes
     (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
-    masks the logits of every step, on either path."""
+    masks the logits of every step, on either path, and with `cfg.number_order` orders the commits of
+    each number's characters."""
     if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
         from kernels.graph_runner import generate_static
 
@@ -79,6 +80,7 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
         x = _full(b, B, mask_id, device)
         masked = torch.ones(b, B, dtype=torch.bool, device=device)
         rope = runner.rope(pos) if B > 1 else None
+        chains = constraint.chains(j * B, B) if constraint is not None and cfg.number_order and B > 1 else None
         for s in range(K):
             h = None
             if pending is not None:
@@ -100,7 +102,7 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
             if constraint is not None:
                 logits = constraint.apply(logits, j * B)
             pred, conf = predict(logits, cfg.temperature, generator)
-            commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s)
+            commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains)
             x = torch.where(commit, pred, x)
             masked = masked & ~commit
             if dynamic and s < K - 1 and bool(_settled(x, masked, done, eos_id, offsets, cfg.ignore_eos).all()):

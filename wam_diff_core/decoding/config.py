@@ -12,7 +12,8 @@ class DecoderConfig:
     """block_size B (1 = autoregressive); steps K per block (at most); remasking strategy and its
     confidence threshold; token budget; temperature (0 = greedy); fuse_commit: write a finished block
     into the cache inside the next block's first step instead of a forward of its own; ignore_eos:
-    always spend the whole budget (benchmarks on random weights)."""
+    always spend the whole budget (benchmarks on random weights); number_order: under a constraint that
+    knows its chains (the trajectory grammar), commit each number's characters most significant first."""
 
     block_size: int = 32
     steps: int = 4
@@ -25,6 +26,7 @@ class DecoderConfig:
     backend: str = "sdpa"
     cuda_graphs: bool = False
     seed: int = 0
+    number_order: bool = True
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:

@@ -6,6 +6,12 @@ position FIXED_TRAJECTORY_CHARS holds EOS. Under block diffusion the positions o
 committed in confidence order, not left to right; a mask that depends only on the position is what
 parallel commits can honour. The decoders apply it to the logits before every commit decision, on
 the device, to the rows that answer the planning task: every constrained answer parses.
+
+The grammar also tells the decoder where each number's characters sit (`chain_start`): with number
+order on, a digit is committed only after the more significant digits of its number, while the numbers
+of a block are denoised in parallel. Committed in confidence order alone, the digits of one number are
+drawn from different hypotheses (the tens of 19.8, the units of 20.3: 29.3); most significant first, a
+digit is always predicted knowing the digits above it.
 """
 from __future__ import annotations
 
@@ -15,16 +21,32 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..codec import FIXED_TRAJECTORY_CHARS, fixed_trajectory_slots
+from ..codec import FIXED_TRAJECTORY_CHARS, fixed_trajectory_chain_starts, fixed_trajectory_slots
 
 
 @dataclass(frozen=True)
 class TokenConstraint:
     """allowed: (length, vocab) bool, the tokens answer position p may hold; rows: (batch,) bool, the
-    batch rows it applies to (the others decode unconstrained)."""
+    batch rows it applies to (the others decode unconstrained); chain_start: (length,) long or None, the
+    answer position where p's chain starts (a fixed-style number: its sign), so that the decoder can
+    commit a chain's positions left to right (`remasking.commit_mask`, number order)."""
 
     allowed: torch.Tensor
     rows: torch.Tensor
+    chain_start: Optional[torch.Tensor] = None
+
+    def chains(self, start: int, n: int) -> torch.Tensor:
+        """(batch, n) long: for block positions 0 .. n - 1 (answer positions start .. start + n - 1), the
+        block position where each one's chain starts, clamped at 0 (a chain's earlier positions in an
+        earlier block are committed already); every position its own chain in the unconstrained rows
+        or without chain_start."""
+        own = torch.arange(n, device=self.rows.device)
+        if self.chain_start is None:
+            return own.expand(self.rows.shape[0], n)
+        if start + n > self.chain_start.shape[0]:
+            raise ValueError(f"constraint covers {self.chain_start.shape[0]} answer positions, decoding needs {start + n}")
+        local = (self.chain_start[start:start + n] - start).clamp(min=0)
+        return torch.where(self.rows[:, None], local[None], own[None])
 
     def banned(self, start: int, n: int, vocab_size: int) -> torch.Tensor:
         """(batch, n, vocab) bool: True where answer position start + i may not hold a token."""
@@ -79,6 +101,11 @@ def _grammar_table(tokenizer, eos_id: int, length: int, vocab_size: int, device:
     return TrajectoryGrammar(tokenizer, eos_id).allowed(length, vocab_size, device)
 
 
+@lru_cache(maxsize=8)
+def _chain_table(length: int, device: str) -> torch.Tensor:
+    return torch.tensor(fixed_trajectory_chain_starts(length), dtype=torch.long, device=device)
+
+
 def planning_constraint(tokenizer, settings, tasks: Sequence[str], length: int, vocab_size: int,
                         device) -> Optional[TokenConstraint]:
     """The trajectory grammar for the planning rows of a batch whose row i answers `tasks[i]`, when the
@@ -87,4 +114,4 @@ def planning_constraint(tokenizer, settings, tasks: Sequence[str], length: int, 
         return None
     allowed = _grammar_table(tokenizer, int(settings.eos_token_id), length, vocab_size, str(device))
     rows = torch.tensor([t == "planning" for t in tasks], dtype=torch.bool, device=device)
-    return TokenConstraint(allowed, rows)
+    return TokenConstraint(allowed, rows, _chain_table(length, str(device)))

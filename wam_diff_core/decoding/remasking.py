@@ -6,6 +6,10 @@ Strategies (ARCHITECTURE.md decoding contract):
 - `low_confidence_static`: a fixed count per step (the block spread evenly over the K steps), most
   confident first;
 - `sequential`: the same count per step, leftmost first.
+With chains (number order, `chain_start` from the trajectory grammar), a position is a candidate only
+once the positions before it in its chain are committed (the chain's frontier); a confident position
+commits beyond the frontier only when every position before it in its chain is committed or commits
+now with it. Quotas are filled from the frontier; the last step commits whatever is left.
 No host synchronisation: counts are tensors; the step schedule is known on the host.
 """
 from __future__ import annotations
@@ -43,16 +47,34 @@ def predict(logits: torch.Tensor, temperature: float, generator: torch.Generator
     return pred, probs.gather(-1, pred[..., None])[..., 0]
 
 
+def chain_frontier(masked: torch.Tensor, chain_start: torch.Tensor) -> torch.Tensor:
+    """(batch, B) bool: the masked positions whose chain predecessors are all committed. Chains are runs
+    of consecutive positions committed as prefixes, so that is: p starts its chain or p - 1 is committed."""
+    offsets = torch.arange(masked.shape[1], device=masked.device)
+    before_done = torch.cat([torch.ones_like(masked[:, :1]), ~masked[:, :-1]], dim=1)
+    return masked & ((chain_start == offsets) | before_done)
+
+
+def chain_prefix_ok(ok: torch.Tensor, chain_start: torch.Tensor) -> torch.Tensor:
+    """(batch, B) bool: every position q with chain_start[p] <= q < p satisfies `ok`."""
+    bad = (~ok).to(torch.int32).cumsum(dim=1)
+    before = torch.cat([torch.zeros_like(bad[:, :1]), bad[:, :-1]], dim=1)  # bad count over [0, p)
+    return before == before.gather(1, chain_start)
+
+
 def commit_mask(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, threshold: float,
-                steps: int, step: int) -> torch.Tensor:
+                steps: int, step: int, chain_start: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean (batch, B): the masked positions to commit at `step` of `steps`.
 
-    confidence: (batch, B) float; masked: (batch, B) bool (True = still masked).
+    confidence: (batch, B) float; masked: (batch, B) bool (True = still masked); chain_start: (batch, B)
+    long or None, the block position where each position's chain starts (`TokenConstraint.chains`).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown remasking strategy {strategy!r}; expected one of {STRATEGIES}")
     batch, block = masked.shape
     k = step_count(block, steps)
+    if chain_start is not None:
+        return _chained_commit(confidence, masked, strategy, threshold, k, step, chain_start)
     if strategy == "low_confidence_dynamic":
         steps_left = k - step
         remaining = masked.sum(dim=1)
@@ -70,4 +92,30 @@ def commit_mask(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, t
     commit = masked & (score >= kth) & (need > 0)[:, None]
     if strategy == "low_confidence_dynamic":
         commit = commit | (masked & (confidence >= threshold))
+    return commit
+
+
+def _chained_commit(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, threshold: float, k: int,
+                    step: int, chain_start: torch.Tensor) -> torch.Tensor:
+    """commit_mask under chains (module docstring); k = steps actually taken."""
+    if step >= k - 1:
+        return masked.clone()
+    batch, block = masked.shape
+    frontier = chain_frontier(masked, chain_start)
+    if strategy == "low_confidence_dynamic":
+        steps_left = k - step
+        need = torch.div(masked.sum(dim=1) + steps_left - 1, steps_left, rounding_mode="floor")
+    else:
+        need = torch.full((batch,), static_quota(block, k, step), device=masked.device, dtype=torch.long)
+    if strategy == "sequential":
+        score = -torch.arange(block, device=masked.device, dtype=torch.float32).expand(batch, block)
+    else:
+        score = confidence.float()
+    score = score.masked_fill(~frontier, float("-inf"))
+    ranked = score.sort(dim=1, descending=True).values
+    kth = ranked.gather(1, (need - 1).clamp(min=0)[:, None])
+    commit = frontier & (score >= kth) & (need > 0)[:, None]
+    if strategy == "low_confidence_dynamic":
+        sure = confidence >= threshold
+        commit = commit | (masked & sure & chain_prefix_ok(~masked | sure, chain_start))
     return commit
