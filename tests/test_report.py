@@ -166,10 +166,15 @@ def test_bad_specs_name_the_key(setup, tmp_path):
         ({**spec, "sensitivity": {"ids": []}}, "sensitivity.ids"),
         ({**spec, "sensitivity": {"ids": ["highway_00"], "max_seconds": 0}}, "sensitivity.max_seconds"),
         ({**spec, "models": [{"name": "x", "path": "p", "grammar": False}]}, r"models\[0\]: grammar: false is an open-loop"),
+        ({**spec, "decoding": {"number_order": "yes"}}, "decoding.number_order: expected true or false"),
+        ({**spec, "models": [{"name": "x", "path": "p", "number_order": 1}]}, r"models\[0\].number_order"),
     ]
     for raw, fragment in cases:
         with pytest.raises(SpecError, match=fragment):
             parse_spec(raw)
+    ok = parse_spec({**{k: v for k, v in spec.items() if k != "sweeps"},
+                     "models": [{"name": "x", "path": "p", "number_order": False}, {"name": "y", "path": "p"}]})
+    assert ok.decoding.number_order is True and [m.number_order for m in ok.models] == [False, None]
     broken = tmp_path / "broken.yaml"
     broken.write_text("models: [")
     with pytest.raises(SpecError, match="not valid YAML"):

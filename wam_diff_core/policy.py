@@ -44,12 +44,14 @@ class PolicyConfig:
     max_new_tokens: Optional[int] = None  # None: the per-task budget
     temperature: float = 0.0
     tasks: tuple[str, ...] = ("planning",)
+    number_order: bool = True  # trajectory digits most significant first (DecoderConfig.number_order)
 
     @classmethod
     def from_settings(cls, settings, **overrides) -> "PolicyConfig":
         """The checkpoint's own decoding defaults (its `wam_diff.json`), then `overrides`."""
         d = settings.decoding
-        fields = dict(block_size=d.block_size, steps=d.steps, strategy=d.strategy, threshold=d.threshold)
+        fields = dict(block_size=d.block_size, steps=d.steps, strategy=d.strategy, threshold=d.threshold,
+                      number_order=d.number_order)
         return cls(**{**fields, **overrides})
 
     def __post_init__(self):
@@ -62,7 +64,7 @@ class PolicyConfig:
         budget = self.max_new_tokens or max(TASK_BUDGET[t] for t in tasks)
         return DecoderConfig(block_size=self.block_size, steps=self.steps, strategy=self.strategy,
                              threshold=self.threshold, max_new_tokens=budget, temperature=self.temperature,
-                             backend=self.backend, cuda_graphs=self.cuda_graphs)
+                             backend=self.backend, cuda_graphs=self.cuda_graphs, number_order=self.number_order)
 
 
 def _check_images(images) -> list[np.ndarray]:

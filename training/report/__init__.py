@@ -116,7 +116,7 @@ class Report:
                 result["open_loop"][task] = evaluate_task(
                     loaded, split, task, self.spec.samples[task], B, d.steps, d.strategy, d.threshold, self.out,
                     entry.slug, self.progress, examples=self.examples(task, loaded),
-                    max_new_tokens=self.spec.max_new_tokens[task])
+                    max_new_tokens=self.spec.max_new_tokens[task], number_order=self.number_order(entry))
             if entry.teacher:
                 result["agreement"] = self.agreement(entry, loaded, B)
             self._write(path, result)
@@ -127,14 +127,19 @@ class Report:
             cached["agreement"] = self.agreement(entry, loaded, block_size_of(entry, loaded))
             self._write(path, cached)
         if self.closed_loop and entry.closed_loop and "closed_loop" not in cached:
-            cached["closed_loop"] = self.drive(entry.path, entry.slug, cached["block_size"])
+            cached["closed_loop"] = self.drive(entry.path, entry.slug, cached["block_size"], self.number_order(entry))
             self._write(path, cached)
         if self.closed_loop and entry.closed_loop and self.spec.sensitivity and "sensitivity" not in cached:
-            cached["sensitivity"] = self.sensitivity(entry.path, entry.slug, cached["block_size"])
+            cached["sensitivity"] = self.sensitivity(entry.path, entry.slug, cached["block_size"],
+                                                     self.number_order(entry))
             self._write(path, cached)
         return cached
 
-    def sensitivity(self, policy: str, slug: str, block_size: int) -> dict:
+    def number_order(self, entry: ModelEntry) -> bool:
+        """Whether this model's trajectory digits are committed most significant first."""
+        return self.spec.decoding.number_order if entry.number_order is None else bool(entry.number_order)
+
+    def sensitivity(self, policy: str, slug: str, block_size: int, number_order: bool = True) -> dict:
         """`wam-diff sensitivity` of one model on the spec's routes (OUT/sensitivity/<slug>/, reused with
         --resume): does it slow for the vehicle ahead the way the expert does?"""
         from wam_diff_core.sim.closed_loop import policy_overrides
@@ -145,7 +150,7 @@ class Report:
         out = self.out / "sensitivity" / slug
         cached = self._cached(out / "sensitivity.json")
         if cached is None:
-            overrides = policy_overrides(block_size, self.spec.decoding.steps)
+            overrides = policy_overrides(block_size, self.spec.decoding.steps, number_order)
             overrides.update(strategy=self.spec.decoding.strategy, threshold=self.spec.decoding.threshold)
             cached = probe(load_routes(cl.routes, ids=list(sv.ids)), policy, out, every=sv.every, max_s=sv.max_seconds,
                            frame_size=cl.frame_size, workers=cl.workers, overrides=overrides, progress=self.progress)
@@ -168,7 +173,7 @@ class Report:
         res = top5_agreement(loaded, block_size, teacher, block_size_of(t_entry, teacher), self.examples(task, loaded))
         return {"teacher": t_entry.name, **res}
 
-    def drive(self, policy: str, slug: str, block_size: int | None) -> dict:
+    def drive(self, policy: str, slug: str, block_size: int | None, number_order: bool = True) -> dict:
         from wam_diff_core.sim.closed_loop import drive_suite, policy_overrides
         from wam_diff_core.sim.routes import load_routes
 
@@ -176,7 +181,7 @@ class Report:
         routes = load_routes(cl.routes, ids=list(cl.ids) or None, limit=cl.limit)
         overrides = None
         if block_size is not None:
-            overrides = policy_overrides(block_size, self.spec.decoding.steps)
+            overrides = policy_overrides(block_size, self.spec.decoding.steps, number_order)
             overrides.update(strategy=self.spec.decoding.strategy, threshold=self.spec.decoding.threshold)
         summary = drive_suite(routes, policy, self.out / "closed_loop" / slug, workers=cl.workers,
                               frame_size=cl.frame_size, replan_every=cl.replan_every, resume=self.resume,
@@ -201,7 +206,8 @@ class Report:
             loaded = self.loaded(entry)
             B = block_size_of(entry, loaded)
             runs.append((entry, loaded, decoder_config(B, d.steps, d.strategy, d.threshold,
-                                                       self.spec.max_new_tokens["planning"]), Decoded([], 0, 0, 0.0)))
+                                                       self.spec.max_new_tokens["planning"], self.number_order(entry)),
+                         Decoded([], 0, 0, 0.0)))
         examples = self.examples("planning", runs[0][1])
         for x in examples:
             for entry, loaded, cfg, acc in runs:
@@ -235,7 +241,8 @@ class Report:
             res = evaluate_task(loaded, self.spec.data["planning"], "planning", self.spec.samples["planning"], B, K,
                                 d.strategy, d.threshold, self.out, f"{entry.slug}_{kind}_{v}", self.progress,
                                 examples=self.examples("planning", loaded),
-                                max_new_tokens=self.spec.max_new_tokens["planning"])
+                                max_new_tokens=self.spec.max_new_tokens["planning"],
+                                number_order=self.number_order(entry))
             points.append(_planning_point(res))
         result = {"model": entry.name, "points": points}
         self._write(path, result)

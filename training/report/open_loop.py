@@ -29,9 +29,11 @@ from ..evaluate import decoder_config as evaluate_decoder_config
 from ..evaluate import prompt_batch
 
 
-def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int) -> DecoderConfig:
+def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int,
+                   number_order: bool = True) -> DecoderConfig:
     """B = 1 decodes one token per forward; otherwise at most `steps` denoising steps per block."""
-    return evaluate_decoder_config(block_size, steps_for_block(block_size, steps), strategy, threshold, max_new_tokens)
+    return evaluate_decoder_config(block_size, steps_for_block(block_size, steps), strategy, threshold, max_new_tokens,
+                                   number_order=number_order)
 
 
 @dataclass
@@ -86,17 +88,18 @@ def write_predictions(path: Path, decoded: Decoded) -> None:
 
 def evaluate_task(loaded: LoadedModel, split: str, task: str, limit: int, block_size: int, steps: int,
                   strategy: str, threshold: float, out_dir: Path, tag: str, progress: bool = True,
-                  examples: Optional[list[Example]] = None, max_new_tokens: Optional[int] = None) -> dict:
+                  examples: Optional[list[Example]] = None, max_new_tokens: Optional[int] = None,
+                  number_order: bool = True) -> dict:
     """Decode + score one task of one split; writes OUT/predictions/<tag>_<task>.jsonl."""
     examples = examples if examples is not None else load_split(split, loaded, task, limit)
-    cfg = decoder_config(block_size, steps, strategy, threshold, max_new_tokens or TASK_BUDGET[task])
+    cfg = decoder_config(block_size, steps, strategy, threshold, max_new_tokens or TASK_BUDGET[task], number_order)
     decoded = decode_examples(loaded, examples, cfg, desc=f"{tag} {task}", progress=progress)
     pred_path = out_dir / "predictions" / f"{tag}_{task}.jsonl"
     write_predictions(pred_path, decoded)
     scores = score_open_loop(Path(split), pred_path)
     return {
         "task": task, "samples": len(examples), "block_size": cfg.block_size, "steps": cfg.steps,
-        "strategy": cfg.strategy, "threshold": cfg.threshold,
+        "strategy": cfg.strategy, "threshold": cfg.threshold, "number_order": cfg.number_order,
         "unfinished": sum(not p["finished"] for p in decoded.predictions),
         "tokens": decoded.tokens, "seconds": decoded.seconds, "tokens_per_s": decoded.tokens_per_s,
         "forwards_per_token": decoded.forwards_per_token, "scores": scores.get(task), "predictions": str(pred_path),

@@ -3,13 +3,15 @@
     data:        {planning: VAL.json, detection: VAL.json, qa: VAL.json}   (any subset)
     samples:     {planning: 64, detection: 32, qa: 64}   evenly spaced over each split
     max_new_tokens: {planning: 128, detection: 192, qa: 64}   token budget per answer (the policy's)
-    decoding:    {steps: 8, strategy: low_confidence_dynamic, threshold: 0.9}   (B = 1 models: 1 step)
+    decoding:    {steps: 8, strategy: low_confidence_dynamic, threshold: 0.9, number_order: true}   (B = 1: 1 step)
     closed_loop: {routes: null, ids: [], limit: null, frame_size: 256x128, replan_every: 5, workers: 1}
     models:
       - {name: nano-S AR, path: runs/.../model}                    block size: the checkpoint's own
       - {name: nano-S B32, path: ..., block_size: 32, teacher: nano-L B32, closed_loop: true}
       - {name: ... without grammar, path: ..., grammar: false, closed_loop: false}   a fixed-style
         checkpoint decoded without its trajectory grammar (an ablation; open loop only)
+      - {name: ... confidence order, path: ..., number_order: false}   this model's digits committed in
+        confidence order alone (default: decoding.number_order)
     sweeps:
       steps:       {model: nano-S B32, values: [2, 4, 8, 16, 32]}   quality against denoising steps
       block_size:  {model: nano-S B32, values: [1, 4, 8, 16, 32]}   tokens/s against block size
@@ -47,6 +49,7 @@ class ModelEntry:
     teacher: Optional[str] = None  # name of another entry: top-5 agreement with it
     closed_loop: bool = True
     grammar: bool = True  # False: a fixed-style checkpoint decodes without its trajectory grammar
+    number_order: Optional[bool] = None  # None: the spec's decoding.number_order
 
     @property
     def slug(self) -> str:
@@ -58,6 +61,7 @@ class Decoding:
     steps: int = 8
     strategy: str = "low_confidence_dynamic"
     threshold: float = 0.9
+    number_order: bool = True
 
 
 @dataclass(frozen=True)
@@ -147,11 +151,13 @@ def parse_spec(raw) -> ReportSpec:
         _only({task: n}, TASKS, "max_new_tokens")
         budget[task] = _positive_int(n, f"max_new_tokens.{task}")
     dec = _mapping(raw.get("decoding"), "decoding")
-    _only(dec, ("steps", "strategy", "threshold"), "decoding")
+    _only(dec, ("steps", "strategy", "threshold", "number_order"), "decoding")
     decoding = Decoding(**dec)
     _positive_int(decoding.steps, "decoding.steps")
     if decoding.strategy not in STRATEGIES:
         raise SpecError(f"decoding.strategy: expected one of {STRATEGIES}, got {decoding.strategy!r}")
+    if not isinstance(decoding.number_order, bool):
+        raise SpecError(f"decoding.number_order: expected true or false, got {decoding.number_order!r}")
     if not 0.0 < float(decoding.threshold) <= 1.0:
         raise SpecError(f"decoding.threshold: expected a value in (0, 1], got {decoding.threshold!r}")
     cl = _mapping(raw.get("closed_loop"), "closed_loop")
@@ -168,14 +174,16 @@ def parse_spec(raw) -> ReportSpec:
     models = []
     for i, m in enumerate(entries):
         m = _mapping(m, f"models[{i}]")
-        _only(m, ("name", "path", "block_size", "teacher", "closed_loop", "grammar"), f"models[{i}]")
+        _only(m, ("name", "path", "block_size", "teacher", "closed_loop", "grammar", "number_order"), f"models[{i}]")
+        if m.get("number_order") is not None and not isinstance(m["number_order"], bool):
+            raise SpecError(f"models[{i}].number_order: expected true or false, got {m['number_order']!r}")
         if not m.get("name") or not m.get("path"):
             raise SpecError(f"models[{i}]: needs a name and a path, got {m!r}")
         if m.get("block_size") is not None:
             _positive_int(m["block_size"], f"models[{i}].block_size")
         models.append(ModelEntry(name=str(m["name"]), path=str(m["path"]), block_size=m.get("block_size"),
                                  teacher=m.get("teacher"), closed_loop=bool(m.get("closed_loop", True)),
-                                 grammar=bool(m.get("grammar", True))))
+                                 grammar=bool(m.get("grammar", True)), number_order=m.get("number_order")))
         if not models[-1].grammar and models[-1].closed_loop:
             raise SpecError(f"models[{i}]: grammar: false is an open-loop ablation; add closed_loop: false")
     names = [m.name for m in models]

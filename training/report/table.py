@@ -7,6 +7,13 @@ COLUMNS = ("model", "B", "K", "L2 1s", "L2 2s", "L2 3s", "L2 4s", "L2 mean", "un
            "DS", "DS held-out", "SR %", "traffic response", "mAP", "QA acc %", "tokens/s", "x AR", "fwd/token", "top-5 vs teacher")
 
 
+def number_order_text(decoding: dict) -> str:
+    """How the report's trajectory digits were committed (reports written before the option: confidence order)."""
+    if decoding.get("number_order", False):
+        return "trajectory digits most significant first (number order) unless a row says otherwise"
+    return "trajectory digits in confidence order"
+
+
 def _f(value: Optional[float], digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -93,6 +100,7 @@ def render(report: dict) -> str:
            f"written {report['written']}.\n",
            "Open loop on evenly spaced validation samples, decoded one at a time (batch 1); "
            f"decoding: {report['decoding']['strategy']}, threshold {report['decoding']['threshold']}, "
+           f"{number_order_text(report['decoding'])}, "
            "K = denoising steps per block (B = 1: one token per forward). L2 in metres over the plans "
            "that parse; unparsable = plans that did not. PDMS and mAP in %. DS / SR: closed loop on "
            f"{report.get('closed_loop_routes', 'the route suite')}; DS held-out: over the suite's validation-split "

@@ -16,6 +16,7 @@ class DecodingDefaults:
     steps: int = 4
     strategy: str = "low_confidence_dynamic"
     threshold: float = 0.9
+    number_order: bool = True  # fixed-style trajectory digits most significant first
 
 
 def steps_for_block(block_size: int, steps: int) -> int:

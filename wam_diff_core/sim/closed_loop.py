@@ -287,9 +287,9 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 
 
 # ---------------------------------------------------------------- CLI
-def policy_overrides(block_size: Optional[int], steps: Optional[int]) -> Optional[dict]:
+def policy_overrides(block_size: Optional[int], steps: Optional[int], number_order: Optional[bool] = None) -> Optional[dict]:
     """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
-    out = {}
+    out = {} if number_order is None else {"number_order": bool(number_order)}
     if block_size is not None:
         out["block_size"] = block_size
         if steps is not None or block_size == 1:
@@ -300,12 +300,22 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int]) -> Optiona
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --block-size, --steps: how every suite command runs a learned policy (see `policy_overrides`)."""
+    """--device, --block-size, --steps, --number-order: how every suite command runs a learned policy (see
+    `policy_overrides`, `cli_overrides`)."""
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=None,
                         help="learned policy: decode with this block size (default: the checkpoint's own)")
     parser.add_argument("--steps", type=int, default=None,
                         help="learned policy: denoising steps per block (default: the checkpoint's own)")
+    parser.add_argument("--number-order", choices=("on", "off"), default=None,
+                        help="learned policy: commit each trajectory number's digits most significant first "
+                             "(default: the checkpoint's own, on when it does not say)")
+
+
+def cli_overrides(args) -> Optional[dict]:
+    """`policy_overrides` of the options `add_decoding_arguments` added."""
+    order = None if args.number_order is None else args.number_order == "on"
+    return policy_overrides(args.block_size, args.steps, order)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -329,7 +339,7 @@ def run(args) -> int:
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
                           frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume,
-                          overrides=policy_overrides(args.block_size, args.steps))
+                          overrides=cli_overrides(args))
     print(bench2drive.format_table(summary))
     print(f"wall {summary['wall_s']:.1f} s, invalid plans {summary['invalid_plans']}")
     for v in summary["videos"]:

@@ -216,7 +216,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from .closed_loop import policy_overrides
+    from .closed_loop import cli_overrides
 
     routes = select_routes(args)
     if not routes:
@@ -225,7 +225,7 @@ def run(args) -> int:
     offsets, (w, h) = parse_seed_offsets(args.seed_offsets), parse_frame_size(args.frame_size)
     stats = collect(routes, args.policy, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction,
                     beta=args.beta, frame_size=(w, h), every=args.every, workers=args.workers, device=args.device,
-                    overrides=policy_overrides(args.block_size, args.steps), split_over=load_routes(args.routes),
+                    overrides=cli_overrides(args), split_over=load_routes(args.routes),
                     wait_keep_s=args.wait_keep_s, wait_lead_s=args.wait_lead_s)
     print(json.dumps({k: stats[k] for k in ("samples", "routes", "drives", "expert_crashed_labels",
                                              "expert_executed_plans", "wall_s", "label_s")}, indent=2))

@@ -166,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from .closed_loop import policy_overrides
+    from .closed_loop import cli_overrides
 
     if not args.ids and not args.scenarios:
         args.scenarios = ",".join(DEFAULT_SCENARIOS)
@@ -178,7 +178,7 @@ def run(args) -> int:
     try:
         res = probe(routes, args.policy, Path(args.out), every=args.every, max_s=args.max_seconds, frame_size=(w, h),
                     workers=args.workers, device=args.device,
-                    overrides=policy_overrides(args.block_size, args.steps))
+                    overrides=cli_overrides(args))
     except ValueError as exc:
         raise SystemExit(f"wam-diff sensitivity: {exc}")
     s = res["summary"]
