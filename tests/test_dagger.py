@@ -112,6 +112,25 @@ def test_trim_waits_keeps_a_stuck_end_short_and_a_wait_at_both_ends():
         trim_waits(_part(speeds), wait_keep_s=-1.0)
 
 
+def test_keep_departures_keeps_the_labels_that_drive_off_from_a_stuck_stretch():
+    from wam_diff_core.codec import format_trajectory
+    from wam_diff_core.sim.dagger import label_departs
+
+    t = np.arange(1, NUM_WAYPOINTS + 1)[:, None] * 0.5
+    stand, creep, go = np.zeros((NUM_WAYPOINTS, 2)), np.hstack([0.1 * t, 0 * t]), np.hstack([2.0 * t ** 2, 0 * t])
+    part = _part([5.0] * 4 + [0.0] * 20)  # stuck from sample 4 to the end
+    for i, sample in enumerate(sorted(part["samples"], key=lambda x: x["meta"]["t"])):
+        label = go if i in (15, 20) else creep if i == 18 else stand
+        sample["conversations"] = [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": format_trajectory(label)}]
+    assert [label_departs({"conversations": [{}, {"value": format_trajectory(x)}]}) for x in (stand, creep, go)] == \
+        [False, False, True]  # creeping at 0.1 m/s: the controller holds its stop
+    plain, _ = trim_waits(part, wait_keep_s=1.0)
+    kept, dropped = trim_waits(part, wait_keep_s=1.0, keep_departures=True)
+    ids = lambda xs: [int(x["id"][1:]) for x in xs]  # noqa: E731
+    assert ids(plain) == [0, 1, 2, 3, 4, 5, 6]  # the stuck end's first 1 s (0.4 s apart)
+    assert ids(kept) == [0, 1, 2, 3, 4, 5, 6, 15, 20] and dropped == 24 - 9
+
+
 def test_collect_trims_at_merge_without_driving_again(tmp_path, monkeypatch):
     """--wait-keep-s applies when train.json is merged: the parts keep every sample, so a rerun with the
     setting re-merges the same drives (none driven again) and drops the stationary stretch."""

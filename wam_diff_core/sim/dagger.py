@@ -13,8 +13,11 @@ that ends stuck (the policy blocked, and the expert's rollout from there often b
 its first seconds, and a wait the ego drives off from keeps its first --wait-keep-s and its last
 --wait-lead-s. Without it every labelled tick is kept: the third round (v11) drove 97 % of its
 intersection "stop" labels from such stuck stretches, and a model trained on them stopped at every
-junction. The parts keep every sample; the trimming happens when train.json is merged, so a rerun with
-another setting re-merges without driving again.
+junction. With --keep-departures a trimmed stretch still keeps every sample whose expert label drives off
+(the controller would move on it): where the policy stands still while the expert would go (an empty
+roundabout the v11 model waited at for 30 s), those labels are the lesson DAgger is for. The parts keep
+every sample; the trimming happens when train.json is merged, so a rerun with another setting re-merges
+without driving again.
 
 Only routes of the training split are driven (the split `wam-diff data` assigns by route seed, so the
 held-out routes stay unseen), with seed offsets that change their traffic. Output follows `wam-diff
@@ -105,9 +108,24 @@ class DaggerPolicy:
         return self.inner.plan(images, ego, command)
 
 
-def trim_waits(part: dict, wait_keep_s: float, wait_lead_s: float = HORIZON_S) -> tuple[list[dict], int]:
+def label_departs(sample: dict) -> bool:
+    """Whether a planning sample's answer drives off: the controller's target speed on it (the mean over
+    its first segments) reaches the speed below which the controller holds a stop."""
+    from ..codec import ParseError, parse_trajectory
+    from ..control import ControllerConfig, target_speed
+
+    label = parse_trajectory(sample["conversations"][1]["value"])
+    if isinstance(label, ParseError):
+        return False
+    cfg = ControllerConfig()
+    return target_speed(label, cfg.speed_from_waypoints) >= cfg.stop_speed_mps
+
+
+def trim_waits(part: dict, wait_keep_s: float, wait_lead_s: float = HORIZON_S,
+               keep_departures: bool = False) -> tuple[list[dict], int]:
     """A part's samples without the long stationary stretches (`datagen.waiting_keep` over the sampled
-    ticks, the ego's speed from each sample's meta): (kept samples in time order, samples dropped)."""
+    ticks, the ego's speed from each sample's meta): (kept samples in time order, samples dropped).
+    `keep_departures`: samples whose label drives off (`label_departs`) are kept wherever they are."""
     if not wait_keep_s >= 0:
         raise ValueError(f"wait_keep_s {wait_keep_s}: expected seconds >= 0")
     samples = sorted(part["samples"], key=lambda s: s["meta"]["t"])
@@ -118,12 +136,14 @@ def trim_waits(part: dict, wait_keep_s: float, wait_lead_s: float = HORIZON_S) -
     ended = part["completed"] or part["crashed"]  # a crash ends a drive, as in `wam-diff data`
     keep = waiting_keep(speeds, times, ended, stuck_keep_s=min(STUCK_KEEP_S, wait_keep_s), wait_keep_s=wait_keep_s,
                         lead_s=wait_lead_s)
+    if keep_departures:
+        keep |= np.array([label_departs(s) for s in samples])
     return [s for s, k in zip(samples, keep) if k], int((~keep).sum())
 
 
-def _trimmed(part: dict, wait_keep_s: float, wait_lead_s: float) -> dict:
+def _trimmed(part: dict, wait_keep_s: float, wait_lead_s: float, keep_departures: bool = False) -> dict:
     """The part as merged with --wait-keep-s: one labelled plan per frame, so frames follow the samples."""
-    samples, dropped = trim_waits(part, wait_keep_s, wait_lead_s)
+    samples, dropped = trim_waits(part, wait_keep_s, wait_lead_s, keep_departures)
     return part | {"samples": samples, "frames": len(samples), "waiting_ticks_dropped": dropped}
 
 
@@ -163,10 +183,10 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
             val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=(256, 128), every: int = 4, workers: int = 1,
             device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True,
             split_over: Optional[list[Route]] = None, wait_keep_s: Optional[float] = None,
-            wait_lead_s: float = HORIZON_S) -> dict:
+            wait_lead_s: float = HORIZON_S, keep_departures: bool = False) -> dict:
     """Drive the training-split routes (once per seed offset) and write the DAgger dataset. The split is
     drawn over `split_over` (the whole suite; default: `routes`). With `wait_keep_s`, stationary stretches
-    are trimmed when the dataset is merged (`trim_waits`)."""
+    are trimmed when the dataset is merged (`trim_waits`; `keep_departures` as there)."""
     if every < 1:
         raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
     if wait_keep_s is not None and not wait_keep_s >= 0:
@@ -182,13 +202,15 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
     wall = time.perf_counter() - t0
     stats = merge_parts(out_dir, driven, wall, generated,
                         select=None if wait_keep_s is None else partial(_trimmed, wait_keep_s=wait_keep_s,
-                                                                          wait_lead_s=wait_lead_s))
+                                                                          wait_lead_s=wait_lead_s,
+                                                                          keep_departures=keep_departures))
     parts = [json.loads(p.read_text()) for r in driven if (p := out_dir / "parts" / f"{r.route_id}.json").is_file()]
     drives = bench2drive.summarize([p["record"] for p in parts], expected_route_ids=[r.route_id for r in driven])
     stats.update({
         "policy": policy_spec, "policy_overrides": overrides or {}, "beta": beta, "every": every,
         "seed_offsets": list(seed_offsets), "held_out_routes": held_out,
         "wait_keep_s": wait_keep_s, "wait_lead_s": wait_lead_s if wait_keep_s is not None else None,
+        "keep_departures": bool(keep_departures and wait_keep_s is not None),
         "expert_crashed_labels": int(sum(p["expert_crashed"] for p in parts)),
         "expert_executed_plans": int(sum(p["expert_steps"] for p in parts)),
         "label_s": round(sum(p["label_s"] for p in parts), 2),
@@ -212,6 +234,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frame-size", default="256x128")
     parser.add_argument("--workers", type=int, default=1)
     add_wait_arguments(parser, "default: keep every labelled tick")
+    parser.add_argument("--keep-departures", action="store_true",
+                        help="with --wait-keep-s: keep every sample whose expert label drives off, trimmed stretch or not")
     add_decoding_arguments(parser)
 
 
@@ -226,7 +250,8 @@ def run(args) -> int:
     stats = collect(routes, args.policy, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction,
                     beta=args.beta, frame_size=(w, h), every=args.every, workers=args.workers, device=args.device,
                     overrides=cli_overrides(args), split_over=load_routes(args.routes),
-                    wait_keep_s=args.wait_keep_s, wait_lead_s=args.wait_lead_s)
+                    wait_keep_s=args.wait_keep_s, wait_lead_s=args.wait_lead_s,
+                    keep_departures=args.keep_departures)
     print(json.dumps({k: stats[k] for k in ("samples", "routes", "drives", "expert_crashed_labels",
                                              "expert_executed_plans", "wall_s", "label_s")}, indent=2))
     return 0
