@@ -73,8 +73,9 @@ def commit_mask(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, t
         raise ValueError(f"unknown remasking strategy {strategy!r}; expected one of {STRATEGIES}")
     batch, block = masked.shape
     k = step_count(block, steps)
-    if chain_start is not None:
-        return _chained_commit(confidence, masked, strategy, threshold, k, step, chain_start)
+    if chain_start is not None and step >= k - 1:
+        return masked.clone()
+    candidates = masked if chain_start is None else chain_frontier(masked, chain_start)
     if strategy == "low_confidence_dynamic":
         steps_left = k - step
         remaining = masked.sum(dim=1)
@@ -86,36 +87,13 @@ def commit_mask(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, t
         score = -torch.arange(block, device=masked.device, dtype=torch.float32).expand(batch, block)
     else:
         score = confidence.float()
-    score = score.masked_fill(~masked, float("-inf"))
+    score = score.masked_fill(~candidates, float("-inf"))
     ranked = score.sort(dim=1, descending=True).values
     kth = ranked.gather(1, (need - 1).clamp(min=0)[:, None])
-    commit = masked & (score >= kth) & (need > 0)[:, None]
+    commit = candidates & (score >= kth) & (need > 0)[:, None]
     if strategy == "low_confidence_dynamic":
-        commit = commit | (masked & (confidence >= threshold))
-    return commit
-
-
-def _chained_commit(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, threshold: float, k: int,
-                    step: int, chain_start: torch.Tensor) -> torch.Tensor:
-    """commit_mask under chains (module docstring); k = steps actually taken."""
-    if step >= k - 1:
-        return masked.clone()
-    batch, block = masked.shape
-    frontier = chain_frontier(masked, chain_start)
-    if strategy == "low_confidence_dynamic":
-        steps_left = k - step
-        need = torch.div(masked.sum(dim=1) + steps_left - 1, steps_left, rounding_mode="floor")
-    else:
-        need = torch.full((batch,), static_quota(block, k, step), device=masked.device, dtype=torch.long)
-    if strategy == "sequential":
-        score = -torch.arange(block, device=masked.device, dtype=torch.float32).expand(batch, block)
-    else:
-        score = confidence.float()
-    score = score.masked_fill(~frontier, float("-inf"))
-    ranked = score.sort(dim=1, descending=True).values
-    kth = ranked.gather(1, (need - 1).clamp(min=0)[:, None])
-    commit = frontier & (score >= kth) & (need > 0)[:, None]
-    if strategy == "low_confidence_dynamic":
-        sure = confidence >= threshold
-        commit = commit | (masked & sure & chain_prefix_ok(~masked | sure, chain_start))
+        sure = masked & (confidence >= threshold)
+        if chain_start is not None:
+            sure = sure & chain_prefix_ok(~masked | sure, chain_start)
+        commit = commit | sure
     return commit
