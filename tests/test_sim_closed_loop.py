@@ -83,6 +83,22 @@ def test_policy_overrides_decode_block_size_1_with_one_step():
     assert policy_overrides(4, 8) == {"block_size": 4, "steps": 4}   # at most one step per token
     assert policy_overrides(32, None) == {"block_size": 32}          # steps from the checkpoint
     assert policy_overrides(None, 4) == {"steps": 4}
+    assert policy_overrides(None, None, False) == {"number_order": False}
+    assert policy_overrides(32, 4, True) == {"number_order": True, "block_size": 32, "steps": 4}
+
+
+def test_drive_cli_runs_each_route_once_per_traffic_seed_offset(tmp_path, capsys):
+    from wam_diff_core.cli import main
+
+    out = tmp_path / "drive"
+    assert main(["drive", "--policy", "constant-velocity", "--out", str(out), "--ids", "highway_00", "--limit", "1",
+                 "--seed-offsets", "0,50000", "--frame-size", "64x32"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["routes"]) == ["highway_00", "highway_00_s50000"] and summary["num_routes"] == 2
+    seeds = {json.loads(p.read_text())["seed"] for p in (out / "routes").glob("*.json")}
+    assert len(seeds) == 2  # the copy drives other traffic
+    with pytest.raises(SystemExit, match="--seed-offsets"):
+        main(["drive", "--policy", "constant-velocity", "--out", str(out), "--ids", "highway_00", "--seed-offsets", "0,0"])
 
 
 def test_worker_threads_splits_the_cores_between_spawned_workers(monkeypatch):

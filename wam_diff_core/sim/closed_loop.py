@@ -326,15 +326,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--video", default="", help="comma-separated route ids to render as video, or 'first'")
     parser.add_argument("--frame-size", default="384x192", help="WxH of the rendered frame")
     parser.add_argument("--replan-every", type=int, default=1, help="ticks between policy calls (10 Hz ticks)")
+    parser.add_argument("--seed-offsets", default="0",
+                        help="comma-separated traffic seed offsets: every route once per offset (0: the suite's own "
+                             "traffic; others: the same road and scenario with other traffic, ids <route>_s<offset>); "
+                             "training data drove offsets 0-18000, so take others for a robustness check")
     add_decoding_arguments(parser)
     parser.add_argument("--resume", action="store_true", help="keep routes already written in OUT/routes")
 
 
 def run(args) -> int:
+    from .datagen import with_seed_offsets
+    from .routes import parse_seed_offsets
+
     routes = select_routes(args)
     if not routes:
         print("no routes selected")
         return 2
+    try:
+        routes, _ = with_seed_offsets(routes, parse_seed_offsets(args.seed_offsets))
+    except ValueError as exc:
+        raise SystemExit(f"--seed-offsets: {exc}")
     w, h = parse_frame_size(args.frame_size)
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
