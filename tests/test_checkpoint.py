@@ -1,5 +1,6 @@
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,3 +147,25 @@ def test_decoding_defaults_follow_the_trained_block_size_and_drive_the_policy(tm
     assert PolicyConfig.from_settings(b16, steps=2) == PolicyConfig(block_size=16, steps=2,
                                                                     strategy=b16.decoding.strategy,
                                                                     threshold=b16.decoding.threshold)
+
+
+def test_settings_keep_a_frame_size_and_name_a_bad_one(tmp_path):
+    s = WamDiffSettings(mask_token_id=7, eos_token_id=2, frame_size=[256, 128])
+    assert s.frame_size == (256, 128)
+    s.save(tmp_path)
+    assert WamDiffSettings.load(tmp_path / WAM_DIFF_CONFIG_NAME).frame_size == (256, 128)
+    assert WamDiffSettings(mask_token_id=7, eos_token_id=2).frame_size is None  # older files: not recorded
+    for bad in ([256], [256, 0], [256.5, 128], "256x128"):
+        raw = json.loads(s.to_json())
+        raw["frame_size"] = bad
+        (tmp_path / WAM_DIFF_CONFIG_NAME).write_text(json.dumps(raw))
+        with pytest.raises(ValueError, match="frame_size"):
+            WamDiffSettings.load(tmp_path / WAM_DIFF_CONFIG_NAME)
+
+
+def test_shipped_models_record_the_frames_they_were_trained_on():
+    from wam_diff_core.constants import FRAME_SIZE
+
+    root = Path(__file__).resolve().parent.parent / "models"
+    for name in ("nano-s-b32", "nano-s-ar"):
+        assert WamDiffSettings.load(root / name / WAM_DIFF_CONFIG_NAME).frame_size == FRAME_SIZE

@@ -204,6 +204,25 @@ def test_image_in_gives_trajectory_path_and_diagnostics_out_with_the_input_stamp
     assert values["frames_dropped"] == "0" and values["last_error"] == ""
 
 
+def test_frames_of_another_size_than_the_model_was_trained_on_are_planned_with_a_warn_diagnostic(ros):
+    policy = FakePolicy()
+    policy.trained_frame_size = (96, 48)  # as DrivingPolicy reports its checkpoint's wam_diff.json frame_size
+    node = ros.planner(policy)
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw")
+    probe.wait_connected(cam, node)
+    cam.publish(image_msg(10.0, value=5))  # 64x48
+    probe.wait_for(lambda: probe.trajectories(_ns(_stamp(10.0))), what="trajectory")
+    assert probe.trajectories(_ns(_stamp(10.0)))[0].valid  # still planned
+    name = node.get_fully_qualified_name()
+    probe.wait_for(lambda: any(s.level == DiagnosticStatus.WARN and "trained on 96x48" in s.message
+                               for s in probe.diagnostics(name)), what="off-size WARN diagnostic")
+    status = [s for s in probe.diagnostics(name) if "trained on 96x48" in s.message][-1]
+    values = {kv.key: kv.value for kv in status.values}
+    assert "are 64x48" in status.message
+    assert values["frames_off_size"] == "1" and values["trained_frame_size"] == "96x48" and values["frame_size"] == "64x48"
+
+
 def test_detection_task_publishes_boxes_with_the_image_header_and_markers_follow_the_plan(ros):
     policy = FakePolicy()
     node = ros.planner(policy, tasks=["planning", "detection"])

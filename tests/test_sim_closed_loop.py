@@ -72,6 +72,7 @@ def test_drive_suite_writes_route_json_summary_video_and_rescore_matches(tmp_pat
         assert key in on_disk
     assert on_disk["driving_score"] == pytest.approx(rec["score"])
     assert summary["videos"] and (tmp_path / "videos").is_dir()
+    assert on_disk["frame_size"] == [128, 64] and on_disk["replan_every"] == 1
     assert rescore(tmp_path)["driving_score"] == pytest.approx(on_disk["driving_score"])
 
 
@@ -99,6 +100,27 @@ def test_drive_cli_runs_each_route_once_per_traffic_seed_offset(tmp_path, capsys
     assert len(seeds) == 2  # the copy drives other traffic
     with pytest.raises(SystemExit, match="--seed-offsets"):
         main(["drive", "--policy", "constant-velocity", "--out", str(out), "--ids", "highway_00", "--seed-offsets", "0,0"])
+
+
+def test_closed_loop_commands_render_the_frames_the_policy_was_trained_on(tmp_path, capsys):
+    from wam_diff_core.constants import FRAME_SIZE
+    from wam_diff_core.model.settings import WamDiffSettings
+    from wam_diff_core.sim.routes import resolve_frame_size
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    WamDiffSettings(mask_token_id=7, eos_token_id=2, frame_size=(96, 48)).save(ckpt)
+    assert resolve_frame_size(None, str(ckpt)) == (96, 48)        # the checkpoint's frames
+    assert resolve_frame_size(None, "constant-velocity") == FRAME_SIZE
+    assert resolve_frame_size(None, "nano") == FRAME_SIZE          # a preset records none
+    assert resolve_frame_size("96x48", str(ckpt)) == (96, 48) and "differs" not in capsys.readouterr().out
+    assert resolve_frame_size("384x192", str(ckpt)) == (384, 192)  # as asked, with a note
+    assert "384x192 differs from the 96x48 frames" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="expected WxH"):
+        resolve_frame_size("wide", str(ckpt))
+    (ckpt / "wam_diff.json").write_text('{"mask_token_id": 7, "eos_token_id": 2, "frame_size": [96]}')
+    with pytest.raises(SystemExit, match="frame_size"):
+        resolve_frame_size(None, str(ckpt))
 
 
 def test_worker_threads_splits_the_cores_between_spawned_workers(monkeypatch):

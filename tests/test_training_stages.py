@@ -308,3 +308,46 @@ def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nan
         export(ar, tmp_path / "y", "float32", steps=4)
     with pytest.raises(ValueError, match="steps 0"):
         export(b32, tmp_path / "z", "float32", steps=0)
+
+
+def write_planning_dataset(root: Path, size: tuple[int, int], n: int = 4) -> Path:
+    """n planning samples whose frames are `size` (W, H) pixels."""
+    from wam_diff_core.codec import format_trajectory
+    from wam_diff_core.prompts import planning_prompt
+    from wam_diff_core.types import EgoState
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    samples = []
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(root / f"f{i}.png")
+        traj = np.stack([np.arange(1, 9) * (i + 1.0), np.zeros(8)], axis=1)
+        samples.append({"id": f"p{i}", "datasource": "toy", "task": "planning", "image": [f"f{i}.png"],
+                        "conversations": [{"from": "human", "value": "<image>\n" + planning_prompt(EgoState(2.0 * i), "follow lane")},
+                                          {"from": "gpt", "value": format_trajectory(traj)}]})
+    path = root / "train.json"
+    path.write_text(json.dumps(samples))
+    return path
+
+
+def test_a_trained_checkpoint_records_the_frame_size_of_its_planning_frames(nano_ckpt, tmp_path, capsys):
+    from training.data import build_datasets
+    from wam_diff_core.model.checkpoint import load
+
+    wide, narrow = write_planning_dataset(tmp_path / "wide", (96, 48)), write_planning_dataset(tmp_path / "narrow", (64, 32))
+    qa = write_dataset(tmp_path / "qa", n=4)  # 64x64 QA frames do not count: only planning frames do
+    processor = load(nano_ckpt).processor
+    mixed = build_datasets([{"path": str(wide)}, {"path": str(narrow), "weight": 1.0}], processor, 4096, 512, "skip")
+    assert mixed.planning_frame_size() is None and mixed.planning_frame_sizes() == {"64x32": 4, "96x48": 4}
+    unweighted = build_datasets([{"path": str(wide)}, {"path": str(narrow), "weight": 0.0}, {"path": str(qa)}],
+                                processor, 4096, 512, "skip")
+    assert unweighted.planning_frame_size() == (96, 48)
+
+    args = ["ar", "--init", str(nano_ckpt), "--max-steps", "1", "--batch-size", "4", "--set", "eval.enabled=false", *FAST]
+    assert main([*args, "--data", str(wide), "--out", str(tmp_path / "one")]) == 0
+    assert json.loads((tmp_path / "one" / "ar" / "model" / "wam_diff.json").read_text())["frame_size"] == [96, 48]
+    assert load_model(tmp_path / "one" / "ar" / "model").settings.frame_size == (96, 48)
+    assert json.loads((tmp_path / "one" / "ar" / "summary.json").read_text())["planning_frame_sizes"] == {"96x48": 4}
+    # a model trained on it keeps the size through a stage with no planning data
+    assert main([*args, "--data", str(qa), "--out", str(tmp_path / "qa_run"), "--init", str(tmp_path / "one" / "ar" / "model")]) == 0
+    assert load_model(tmp_path / "qa_run" / "ar" / "model").settings.frame_size == (96, 48)

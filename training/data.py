@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
@@ -153,6 +154,7 @@ class DrivingDataset(torch.utils.data.Dataset):
         self.tasks = [tasks] if isinstance(tasks, str) else (list(tasks) if tasks else None)
         self.occupancy_cells = occupancy_cells  # set: Examples carry perception targets from meta boxes
         self.metas: list = []  # the kept samples' meta (when occupancy_cells is set)
+        self.planning_frame_sizes: Counter = Counter()  # (W, H) of the kept planning samples' images
         tok = processor.tokenizer
         self.eos_id = int(tok.convert_tokens_to_ids(EOS_TOKEN))
         self.grammar = TrajectoryGrammar(tok, self.eos_id) if trajectory_format == "fixed" else None
@@ -188,18 +190,20 @@ class DrivingDataset(torch.utils.data.Dataset):
         task = str(sample.get("task", ""))
         response = self._restyle(task, response)
         paths = [self.root / p for p in sample["image"]]
+        sizes = []
         for p in paths:
             if not p.is_file():
                 raise DataError(f"missing image: {p}")
             try:
                 with Image.open(p) as img:
+                    sizes.append(tuple(img.size))
                     img.verify()
             except Exception as exc:
                 raise DataError(f"unreadable image: {p} ({exc})") from exc
         n = len(self.response_ids(task, response))
         if n > self.max_response_tokens:
             raise DataError(f"response too long: {n} tokens > max_response_tokens {self.max_response_tokens}")
-        return prompt, response, paths
+        return prompt, response, paths, sizes
 
     def _fail(self, sid: str, reason: str) -> None:
         if self.on_bad_sample == "error":
@@ -214,11 +218,14 @@ class DrivingDataset(torch.utils.data.Dataset):
             sid = str(sample.get("id", f"#{i}")) if isinstance(sample, dict) else f"#{i}"
             self.stats.total += 1
             try:
-                prompt, response, paths = self._check(sample)
+                prompt, response, paths, sizes = self._check(sample)
             except DataError as exc:
                 self._fail(sid, str(exc))
                 continue
-            kept.append((sid, str(sample.get("task", "")), prompt, response, paths))
+            task = str(sample.get("task", ""))
+            kept.append((sid, task, prompt, response, paths))
+            if task == "planning":
+                self.planning_frame_sizes.update(sizes)
             if self.occupancy_cells:
                 self.metas.append(sample.get("meta"))
         return kept
@@ -274,6 +281,23 @@ class MixedDataset(torch.utils.data.Dataset):
     @property
     def sizes(self) -> list[int]:
         return [len(d) for d in self.datasets]
+
+    def _planning_sizes(self) -> Counter:
+        sizes: Counter = Counter()
+        for d, w in zip(self.datasets, self.weights):
+            if w > 0:
+                sizes.update(d.planning_frame_sizes)
+        return sizes
+
+    def planning_frame_size(self) -> Optional[tuple[int, int]]:
+        """(W, H) of every planning image the weighted datasets hold, when they all share one; None when they
+        hold no planning image or several sizes (a checkpoint then records no frame size)."""
+        sizes = self._planning_sizes()
+        return next(iter(sizes)) if len(sizes) == 1 else None
+
+    def planning_frame_sizes(self) -> dict[str, int]:
+        """'WxH' -> planning images of that size in the weighted datasets."""
+        return {f"{w}x{h}": n for (w, h), n in sorted(self._planning_sizes().items())}
 
     def skipped(self) -> dict[str, int]:
         out: dict[str, int] = {}

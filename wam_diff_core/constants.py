@@ -11,6 +11,11 @@ TRAJECTORY_DECIMALS = 2
 TRAJECTORY_FORMATS = ("official", "fixed")
 TRAJECTORY_FIXED_INT_DIGITS = 3
 
+# The embedded world's camera frame (W, H) in pixels at its fixed 3 px/m: what `wam-diff data`, `drive`, `dagger`,
+# `sensitivity` and the ROS bridge render unless told otherwise. A learned policy's checkpoint records the frame
+# size its planning data was rendered at (`wam_diff.json` frame_size); the closed-loop tools take that one for it.
+FRAME_SIZE = (256, 128)
+
 # Qwen3-VL grounding boxes are relative to the image on a 0..BOX_SCALE scale.
 BOX_SCALE = 1000
 

@@ -102,6 +102,11 @@ class DrivingPolicy:
     def processor(self):
         return self.loaded.processor
 
+    @property
+    def trained_frame_size(self) -> Optional[tuple[int, int]]:
+        """(W, H) of the camera frames the checkpoint learned to plan from (its wam_diff.json), None if unrecorded."""
+        return self.loaded.settings.frame_size
+
     def _decode(self, prompts: list[str], images: list[np.ndarray], cfg: DecoderConfig, tasks: Sequence[str]):
         """Decode one answer per prompt; row i answers tasks[i] (planning rows under the checkpoint's
         trajectory grammar when it has one)."""

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--route-ids", default=None, help="comma-separated route ids")
     parser.add_argument("--routes-file", default=None, help="route suite JSON (default: the bundled suite)")
     parser.add_argument("--replan-every", type=int, default=None, help="10 Hz ticks between plans")
+    parser.add_argument("--frame-size", default=None,
+                        help="WxH camera frames the bridge renders (default: the frames --model was trained on, "
+                             "from its wam_diff.json; else config/demo.yaml)")
     parser.add_argument("--out", default=None, help="output directory (default: config/demo.yaml out_dir)")
     parser.add_argument("--no-video", action="store_true")
     parser.add_argument("--namespace", default="wam_diff")
@@ -75,6 +78,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             bridge_overrides.append(Parameter(name, value=value))
     if args.no_video:
         bridge_overrides.append(Parameter("video", value=False))
+    try:
+        from wam_diff_core.sim.routes import checkpoint_frame_size, parse_frame_size
+
+        size = parse_frame_size(args.frame_size) if args.frame_size else checkpoint_frame_size(args.model)
+    except ValueError as exc:
+        print(f"wam-diff-demo: {exc}", file=sys.stderr)
+        return 1
+    if size is not None:
+        bridge_overrides += [Parameter("frame_width", value=size[0]), Parameter("frame_height", value=size[1])]
 
     rclpy.init(args=ros_args)
     planner = PlannerNode(namespace=args.namespace, parameter_overrides=planner_overrides)

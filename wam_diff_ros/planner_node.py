@@ -153,6 +153,8 @@ class PlannerNode(LifecycleNode):
         self._sensor_group = MutuallyExclusiveCallbackGroup()
         self._service_group = MutuallyExclusiveCallbackGroup()
         self._cfg: dict = {}
+        self._trained_frame: Optional[tuple[int, int]] = None  # (W, H) the model learned from, when it says
+        self._last_frame: Optional[tuple[int, int]] = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -185,6 +187,8 @@ class PlannerNode(LifecycleNode):
             self._report_error(f"loading model {cfg['model']!r} failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
         load_s = time.perf_counter() - t0
+        self._trained_frame = getattr(self.policy, "trained_frame_size", None)
+        self._last_frame = None
         if cfg["warmup"]:
             self._warmup()
         self.stats.reset()
@@ -304,6 +308,7 @@ class PlannerNode(LifecycleNode):
             self.stats.count("frames_rejected")
             self._report_error(f"rejected frame on {self._cfg['camera_topics'][camera]}: {exc}")
             return
+        self._check_frame_size(rgb, camera)
         frame_set = sync.add(camera, StampedFrame(stamp_to_ns(msg.header.stamp), rgb, msg.header.frame_id))
         self.stats.set_count("frames_unmatched", sync.unmatched)
         if frame_set is None:
@@ -311,6 +316,21 @@ class PlannerNode(LifecycleNode):
         self._latest = (frame_set, received)
         if worker.submit((frame_set, received)):
             self.stats.count("frames_dropped")  # replaced a set the worker never took
+
+    def _check_frame_size(self, rgb, camera: int) -> None:
+        """Count (and log, throttled) frames of another size than the model's trained frames: it still plans, but
+        from a view it never saw (the diagnostics say WARN)."""
+        size = (int(rgb.shape[1]), int(rgb.shape[0]))
+        self._last_frame = size
+        trained = self._trained_frame
+        if trained is not None and size != trained:
+            self.stats.count("frames_off_size")
+            self.get_logger().warning(self._off_size_text(size, camera), throttle_duration_sec=10.0)
+
+    def _off_size_text(self, size: tuple[int, int], camera: int = 0) -> str:
+        t = self._trained_frame
+        return (f"camera frames on {self._cfg['camera_topics'][camera]} are {size[0]}x{size[1]}, the model was trained "
+                f"on {t[0]}x{t[1]} frames")
 
     def _on_odometry(self, msg: Odometry) -> None:
         t = stamp_to_ns(msg.header.stamp) * 1e-9
@@ -431,13 +451,18 @@ class PlannerNode(LifecycleNode):
             return
         values = self.stats.snapshot()
         values.update(model=self._cfg.get("model", ""), command=self._command,
-                      odometry="received" if self._odom_seen else "none yet (ego speed 0)")
+                      odometry="received" if self._odom_seen else "none yet (ego speed 0)",
+                      trained_frame_size="x".join(map(str, self._trained_frame)) if self._trained_frame else "unknown",
+                      frame_size="x".join(map(str, self._last_frame)) if self._last_frame else "none yet")
+        off_size = self._trained_frame is not None and self._last_frame not in (None, self._trained_frame)
         if self.stats.in_error:
             level, message = DiagnosticStatus.ERROR, values["last_error"]
         elif self.policy is None:
             level, message = DiagnosticStatus.WARN, "inactive: no model loaded"
         elif values["plans_published"] == "0":
             level, message = DiagnosticStatus.WARN, "waiting for camera frames"
+        elif off_size:
+            level, message = DiagnosticStatus.WARN, "planning; " + self._off_size_text(self._last_frame)
         else:
             level, message = DiagnosticStatus.OK, "planning"
         try:

@@ -14,7 +14,8 @@ class PlannerStats:
     latencies of the last `window` plans, in seconds."""
 
     COUNTERS = ("frames_received", "frames_rejected", "frames_unmatched", "frames_dropped",
-                "plans_published", "plans_invalid", "plan_errors", "questions_answered")
+                "plans_published", "plans_invalid", "plan_errors", "questions_answered",
+                "frames_off_size")  # frames_off_size: camera frames of another size than the model was trained on
 
     def __init__(self, window: int = 200):
         self._lock = threading.Lock()

@@ -175,9 +175,13 @@ class Report:
 
     def drive(self, policy: str, slug: str, block_size: int | None, number_order: bool = True) -> dict:
         from wam_diff_core.sim.closed_loop import drive_suite, policy_overrides
-        from wam_diff_core.sim.routes import load_routes
+        from wam_diff_core.sim.routes import checkpoint_frame_size, load_routes
 
         cl = self.spec.closed_loop
+        trained = checkpoint_frame_size(policy)
+        if trained is not None and tuple(trained) != tuple(cl.frame_size):
+            print(f"note: {policy} was trained on {trained[0]}x{trained[1]} frames; closed_loop.frame_size drives it at "
+                  f"{cl.frame_size[0]}x{cl.frame_size[1]}", flush=True)
         routes = load_routes(cl.routes, ids=list(cl.ids) or None, limit=cl.limit)
         overrides = None
         if block_size is not None:

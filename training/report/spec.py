@@ -29,7 +29,7 @@ from typing import Optional
 
 import yaml
 
-from wam_diff_core.constants import TASKS
+from wam_diff_core.constants import FRAME_SIZE, TASKS
 from wam_diff_core.model.settings import STRATEGIES
 from wam_diff_core.policy import TASK_BUDGET
 from wam_diff_core.sim.policies import BASELINES
@@ -69,7 +69,7 @@ class ClosedLoop:
     routes: Optional[str] = None  # None: the bundled suite
     ids: tuple[str, ...] = ()
     limit: Optional[int] = None
-    frame_size: tuple[int, int] = (256, 128)
+    frame_size: tuple[int, int] = FRAME_SIZE
     replan_every: int = 5
     workers: int = 1
 
@@ -165,7 +165,7 @@ def parse_spec(raw) -> ReportSpec:
     closed = ClosedLoop(
         routes=cl.get("routes"), ids=tuple(cl.get("ids") or ()),
         limit=None if cl.get("limit") is None else _positive_int(cl["limit"], "closed_loop.limit"),
-        frame_size=_frame_size(cl.get("frame_size", "256x128"), "closed_loop.frame_size"),
+        frame_size=_frame_size(cl.get("frame_size", "x".join(map(str, FRAME_SIZE))), "closed_loop.frame_size"),
         replan_every=_positive_int(cl.get("replan_every", 5), "closed_loop.replan_every"),
         workers=_positive_int(cl.get("workers", 1), "closed_loop.workers"))
     entries = raw.get("models")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Optional, Sequence
 
 from ..constants import MASK_TOKEN, TRAJECTORY_FORMATS, WAM_DIFF_CONFIG_NAME
 
@@ -19,6 +20,18 @@ class DecodingDefaults:
     number_order: bool = True  # fixed-style trajectory digits most significant first
 
 
+def check_frame_size(value: Sequence[int]) -> tuple[int, int]:
+    """(W, H) as two positive ints; a ValueError names the value otherwise."""
+    try:
+        w, h = (int(v) for v in value)
+        ok = w > 0 and h > 0 and all(float(v) == int(v) for v in value)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"frame_size {value!r}: expected [width, height] in pixels, two positive integers")
+    return w, h
+
+
 def steps_for_block(block_size: int, steps: int) -> int:
     """Denoising steps per block actually used: B = 1 decodes one token per forward (one step);
     a larger block takes `steps`, at most one per token of the block."""
@@ -29,7 +42,10 @@ def steps_for_block(block_size: int, steps: int) -> int:
 class WamDiffSettings:
     """mask_token_id / eos_token_id: ids in this checkpoint's vocabulary; trained_block_size: the block
     size the weights were trained for (1 = a plain autoregressive model); trajectory_format: the codec
-    style its planning answers were trained in ("fixed": decoded under the trajectory grammar)."""
+    style its planning answers were trained in ("fixed": decoded under the trajectory grammar);
+    frame_size: (W, H) of the embedded world's camera frames it learned to plan from (None: not recorded),
+    the size closed-loop tools render for it, since the world draws a fixed 3 px/m and a larger frame
+    shows more road, not the same road sharper."""
 
     mask_token_id: int
     eos_token_id: int
@@ -37,6 +53,11 @@ class WamDiffSettings:
     trained_block_size: int = 1
     trajectory_format: str = "official"
     decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
+    frame_size: Optional[tuple[int, int]] = None  # (W, H) px of the camera frames its planning data was rendered at
+
+    def __post_init__(self):
+        if self.frame_size is not None:
+            object.__setattr__(self, "frame_size", check_frame_size(self.frame_size))
 
     def for_block_size(self, block_size: int) -> "WamDiffSettings":
         """These settings for weights trained at `block_size`: the decoding defaults follow it (B = 1
@@ -58,7 +79,7 @@ class WamDiffSettings:
             raw = json.loads(path.read_text())
             decoding = DecodingDefaults(**raw.pop("decoding", {}))
             settings = cls(decoding=decoding, **raw)
-        except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, TypeError, ValueError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not a valid {WAM_DIFF_CONFIG_NAME} ({exc})") from exc
         if settings.decoding.strategy not in STRATEGIES:
             raise ValueError(f"{path}: decoding.strategy {settings.decoding.strategy!r} not in {STRATEGIES}")

@@ -24,7 +24,8 @@ import numpy as np
 from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..model.settings import steps_for_block
-from .routes import Route, add_selection_arguments, parse_frame_size, select_routes, suite_version
+from ..constants import FRAME_SIZE
+from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes, suite_version
 
 ROUTE_DEVIATION_M = {"corridor": 6.0, "road": 3.0}   # junction routes: from the route; others: beyond the road edge
 BLOCKED_AFTER_S = 30.0
@@ -54,7 +55,7 @@ def _to_frame(points: np.ndarray, from_pose, to_pose) -> np.ndarray:
 
 
 def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bool = False,
-              frame_size=(384, 192), replan_every: int = 1, controller_config=None) -> dict:
+              frame_size=FRAME_SIZE, replan_every: int = 1, controller_config=None) -> dict:
     """Drive one route with a policy (a .plan(images, ego, command) object). Returns the route record."""
     from ..control import Controller, ControllerConfig
     from .highway import WHEELBASE_M, HighwayWorld
@@ -254,7 +255,7 @@ def _run_jobs(worker, args: list[tuple], workers: int):
 
 
 def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: int = 1, video_ids=(),
-                frame_size=(384, 192), replan_every: int = 1, device: str = "cpu", resume: bool = False,
+                frame_size=FRAME_SIZE, replan_every: int = 1, device: str = "cpu", resume: bool = False,
                 progress: bool = True, overrides: Optional[dict] = None) -> dict:
     """Run routes (in `workers` processes), write per-route JSON and summary.json; return the summary.
     `overrides`: PolicyConfig fields for a learned policy (block_size, steps, ...)."""
@@ -279,6 +280,8 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
         "suite": suite_version(),
         "wall_s": round(time.perf_counter() - t0, 2),
         "workers": workers,
+        "frame_size": [int(v) for v in frame_size],
+        "replan_every": int(replan_every),
         "invalid_plans": int(sum(r.get("invalid_plans", 0) for r in records)),
         "videos": sorted(r["video"] for r in records if r.get("video")),
     })
@@ -324,7 +327,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_selection_arguments(parser)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--video", default="", help="comma-separated route ids to render as video, or 'first'")
-    parser.add_argument("--frame-size", default="384x192", help="WxH of the rendered frame")
+    add_frame_size_argument(parser)
     parser.add_argument("--replan-every", type=int, default=1, help="ticks between policy calls (10 Hz ticks)")
     parser.add_argument("--seed-offsets", default="0",
                         help="comma-separated traffic seed offsets: every route once per offset (0: the suite's own "
@@ -346,7 +349,7 @@ def run(args) -> int:
         routes, _ = with_seed_offsets(routes, parse_seed_offsets(args.seed_offsets))
     except ValueError as exc:
         raise SystemExit(f"--seed-offsets: {exc}")
-    w, h = parse_frame_size(args.frame_size)
+    w, h = resolve_frame_size(args.frame_size, args.policy)
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
                           frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume,

@@ -24,7 +24,8 @@ import numpy as np
 
 from .dagger import planning_sample
 from .datagen import VAL_FRACTION, add_split_arguments, merge_parts, pending_routes, training_copies, write_part
-from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
+from ..constants import FRAME_SIZE
+from .routes import (Route, add_frame_size_argument, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
                      select_routes)
 
 DEFAULT_SEED_OFFSETS = (5000,)  # `wam-diff data` uses 0, 1000, 2000; `wam-diff dagger` 3000, 4000
@@ -32,7 +33,7 @@ DEFAULT_EVERY = 10
 DEFAULT_MIN_CHANGE_M = 1.0
 
 
-def generate_route(route: Route, out_dir: Path, every: int = DEFAULT_EVERY, frame_size=(256, 128),
+def generate_route(route: Route, out_dir: Path, every: int = DEFAULT_EVERY, frame_size=FRAME_SIZE,
                    min_change_m: float = DEFAULT_MIN_CHANGE_M) -> dict:
     """Drive one route with the expert and write its pairs to OUT/parts/<route_id>.json."""
     from .highway import ExpertDrive
@@ -71,7 +72,7 @@ def _worker(route_dict: dict, out_dir: str, every: int, frame_size, min_change_m
 
 
 def generate(routes: list[Route], out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS, val_fraction: float = VAL_FRACTION,
-             every: int = DEFAULT_EVERY, frame_size=(256, 128), min_change_m: float = DEFAULT_MIN_CHANGE_M,
+             every: int = DEFAULT_EVERY, frame_size=FRAME_SIZE, min_change_m: float = DEFAULT_MIN_CHANGE_M,
              workers: int = 1, progress: bool = True, split_over: Optional[list[Route]] = None) -> dict:
     """Pairs on the training-split routes (once per seed offset); held-out routes are never driven. The
     split is drawn over `split_over` (the whole suite; default: `routes`)."""
@@ -108,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", type=int, default=DEFAULT_EVERY, help="ticks between pairs")
     parser.add_argument("--min-change", type=float, default=DEFAULT_MIN_CHANGE_M,
                         help="leave out pairs whose expert plans differ by less (mean waypoint distance, m)")
-    parser.add_argument("--frame-size", default="256x128")
+    add_frame_size_argument(parser, policy_default=False)
     parser.add_argument("--workers", type=int, default=1)
 
 

@@ -43,8 +43,9 @@ from .closed_loop import route_jobs
 from .datagen import (DATASOURCE, STUCK_KEEP_S, VAL_FRACTION, add_split_arguments, add_wait_arguments, merge_parts,
                       pending_routes, training_copies, waiting_keep, write_part)
 from .policies import expert_plan
-from .routes import (Route, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
-                     select_routes)
+from ..constants import FRAME_SIZE
+from .routes import (Route, add_frame_size_argument, add_selection_arguments, load_routes, parse_seed_offsets,
+                     resolve_frame_size, select_routes)
 
 DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
 
@@ -68,7 +69,8 @@ def planning_sample(out_dir: Path, route: Route, tick: int, dt: float, frame: np
                           {"from": "gpt", "value": format_trajectory(label)}],
         "meta": {"route_id": route.route_id, "scenario": route.scenario, "seed": route.seed, "tick": tick,
                  "t": round(tick * dt, 3), "split": "train", "command": command,
-                 "ego": [ego.vx, ego.vy, ego.ax, ego.ay, ego.yaw_rate], "source": source, **meta}}
+                 "ego": [ego.vx, ego.vy, ego.ax, ego.ay, ego.yaw_rate], "source": source,
+                 "frame_size": [int(frame.shape[1]), int(frame.shape[0])], **meta}}
 
 
 class DaggerPolicy:
@@ -148,7 +150,7 @@ def _trimmed(part: dict, wait_keep_s: float, wait_lead_s: float, keep_departures
 
 
 # ---------------------------------------------------------------- one route, workers
-def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_size=(256, 128),
+def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_size=FRAME_SIZE,
                   every: int = 4, seed: int = 0) -> dict:
     """Drive one route with `policy`, labelling every planning tick; write OUT/parts/<route_id>.json."""
     from .closed_loop import run_route
@@ -180,7 +182,7 @@ def _samples_postfix(done: list) -> dict:
 
 
 def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS,
-            val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=(256, 128), every: int = 4, workers: int = 1,
+            val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=FRAME_SIZE, every: int = 4, workers: int = 1,
             device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True,
             split_over: Optional[list[Route]] = None, wait_keep_s: Optional[float] = None,
             wait_lead_s: float = HORIZON_S, keep_departures: bool = False) -> dict:
@@ -231,7 +233,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_split_arguments(parser, DEFAULT_SEED_OFFSETS, ", unlike the expert data")
     parser.add_argument("--beta", type=float, default=0.0, help="probability that a plan is the expert's (0..1)")
     parser.add_argument("--every", type=int, default=4, help="ticks between plans; each plan is one labelled sample")
-    parser.add_argument("--frame-size", default="256x128")
+    add_frame_size_argument(parser)
     parser.add_argument("--workers", type=int, default=1)
     add_wait_arguments(parser, "default: keep every labelled tick")
     parser.add_argument("--keep-departures", action="store_true",
@@ -246,7 +248,7 @@ def run(args) -> int:
     if not routes:
         print("no routes selected")
         return 2
-    offsets, (w, h) = parse_seed_offsets(args.seed_offsets), parse_frame_size(args.frame_size)
+    offsets, (w, h) = parse_seed_offsets(args.seed_offsets), resolve_frame_size(args.frame_size, args.policy)
     stats = collect(routes, args.policy, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction,
                     beta=args.beta, frame_size=(w, h), every=args.every, workers=args.workers, device=args.device,
                     overrides=cli_overrides(args), split_over=load_routes(args.routes),

@@ -25,8 +25,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..constants import HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
-from .routes import Route, add_selection_arguments, parse_frame_size, parse_seed_offsets, select_routes, suite_version
+from ..constants import FRAME_SIZE, HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
+from .routes import Route, add_frame_size_argument, add_selection_arguments, parse_frame_size, parse_seed_offsets, select_routes, suite_version
 
 DATASOURCE = "wam-diff-highway"
 # An expert run that ends stationary short of its target (blocked behind a deadlock, or timed out)
@@ -197,7 +197,7 @@ def _pdm_scene(tick, lanes, future: np.ndarray, agent_futures: dict) -> dict:
             "reference_progress": float(future[-1, 0])}
 
 
-def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=(384, 192), split: str = "train",
+def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=FRAME_SIZE, split: str = "train",
                    tasks=("planning", "detection", "qa"), wait_keep_s: Optional[float] = None,
                    wait_lead_s: float = HORIZON_S) -> dict:
     """Drive one route with the expert and write its samples to OUT/parts/<route_id>.json."""
@@ -357,7 +357,7 @@ def merge_parts(out_dir: Path, routes: list[Route], wall_s: float, generated_sam
     return stats
 
 
-def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 5, frame_size=(384, 192),
+def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 5, frame_size=FRAME_SIZE,
              val_fraction: float = VAL_FRACTION, tasks=("planning", "detection", "qa"), progress: bool = True,
              seed_offsets=(0,), wait_keep_s: Optional[float] = None,
              wait_lead_s: float = HORIZON_S) -> dict:
@@ -403,7 +403,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", type=int, default=5, help="sample a frame every N ticks (10 Hz)")
     parser.add_argument("--tasks", default="planning,detection,qa")
     parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help="share of route seeds held out")
-    parser.add_argument("--frame-size", default="384x192")
+    add_frame_size_argument(parser, policy_default=False)
     parser.add_argument("--workers", type=int, default=1)
     add_wait_arguments(parser, "default: keep every wait frame (a run stuck at its end keeps its first 3 s)")
     parser.add_argument("--seed-offsets", default="0",

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 
 from ..types import Detection, EgoState
-from ..constants import BOX_SCALE
+from ..constants import BOX_SCALE, FRAME_SIZE
 from .routes import Route
 
 import os  # noqa: E402
@@ -165,7 +165,7 @@ class HighwayWorld:
     (sim.expert.ExpertVehicle) drives itself and `step()` ignores its arguments.
     """
 
-    def __init__(self, route: Route, frame_size: tuple[int, int] = (384, 192), scaling: float = 3.0,
+    def __init__(self, route: Route, frame_size: tuple[int, int] = FRAME_SIZE, scaling: float = 3.0,
                  ego_anchor: tuple[float, float] = (0.25, 0.5), sim_hz: int = 10, policy_hz: int = 10,
                  driver: str = "policy", render: bool = True):
         if sim_hz % policy_hz:
@@ -762,7 +762,7 @@ class ExpertDrive:
     `every` ticks after, until `route_over`; `last` is then the final tick. The world is closed at the end
     (or when the loop is left early)."""
 
-    def __init__(self, route: Route, frame_size=(256, 128), every: int = 1, max_s: Optional[float] = None):
+    def __init__(self, route: Route, frame_size=FRAME_SIZE, every: int = 1, max_s: Optional[float] = None):
         if every < 1:
             raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
         self.route, self.frame_size, self.every, self.max_s = route, frame_size, every, max_s

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..constants import FRAME_SIZE, WAM_DIFF_CONFIG_NAME
+
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "data" / "routes_v1.json"
 
 # Scenario type -> Bench2Drive abilities it exercises. Intersections are unsignalised junctions
@@ -114,6 +116,41 @@ def parse_frame_size(text: str) -> tuple[int, int]:
     if w <= 0 or h <= 0:
         raise SystemExit(f"--frame-size {text!r}: expected a positive width and height")
     return w, h
+
+
+def checkpoint_frame_size(policy_spec: str) -> Optional[tuple[int, int]]:
+    """The camera frame size a checkpoint directory's `wam_diff.json` records (the frames its planning data was
+    rendered at); None for the built-in policies, presets and checkpoints that record none. Reads the one JSON
+    file (no model load); a malformed one raises its ValueError naming the file."""
+    from ..model.settings import WamDiffSettings
+
+    path = Path(policy_spec) / WAM_DIFF_CONFIG_NAME
+    return WamDiffSettings.load(path).frame_size if path.is_file() else None
+
+
+def resolve_frame_size(text: Optional[str], policy_spec: Optional[str] = None) -> tuple[int, int]:
+    """--frame-size for a closed-loop command: "WxH" when given (with a note when it differs from the frames the
+    policy's checkpoint was trained on), else the checkpoint's recorded size, else FRAME_SIZE. Exits with its
+    message on a malformed value or a malformed `wam_diff.json`."""
+    try:
+        trained = checkpoint_frame_size(policy_spec) if policy_spec else None
+    except ValueError as exc:
+        raise SystemExit(str(exc))
+    if text is None:
+        return trained or FRAME_SIZE
+    size = parse_frame_size(text)
+    if trained is not None and size != trained:
+        print(f"note: --frame-size {size[0]}x{size[1]} differs from the {trained[0]}x{trained[1]} frames "
+              f"{policy_spec} was trained on (the world draws 3 px/m: a larger frame shows more road)", flush=True)
+    return size
+
+
+def add_frame_size_argument(parser, policy_default: bool = True) -> None:
+    """--frame-size WxH, defaulting to the policy checkpoint's trained frames (policy_default) or FRAME_SIZE."""
+    default = (f"the frames the --policy checkpoint was trained on (its wam_diff.json frame_size), else "
+               f"{FRAME_SIZE[0]}x{FRAME_SIZE[1]}") if policy_default else f"{FRAME_SIZE[0]}x{FRAME_SIZE[1]}"
+    parser.add_argument("--frame-size", default=None if policy_default else f"{FRAME_SIZE[0]}x{FRAME_SIZE[1]}",
+                        help=f"WxH of the rendered camera frame (default: {default})")
 
 
 def parse_seed_offsets(text: str) -> list[int]:

@@ -23,7 +23,8 @@ from typing import Optional
 
 import numpy as np
 
-from .routes import Route, add_selection_arguments, parse_frame_size, select_routes
+from ..constants import FRAME_SIZE
+from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes
 
 # gap bins (m, centre to centre) to the nearest same-lane vehicle ahead; beyond the last: "clear"
 GAP_BINS = ((0.0, 20.0), (20.0, 40.0), (40.0, 65.0))
@@ -47,7 +48,7 @@ def lead_gap(vehicles) -> Optional[float]:
 
 
 def probe_route(route: Route, policy, *, every: int = DEFAULT_EVERY, max_s: float = DEFAULT_MAX_S,
-                frame_size=(256, 128)) -> dict:
+                frame_size=FRAME_SIZE) -> dict:
     """Probe one route; returns {"route_id", "probes": [...], "invalid": n, "wall_s"}."""
     from .highway import ExpertDrive
     from .policies import expert_plan, safe_plan
@@ -130,7 +131,7 @@ def _worker(route_dict: dict, policy_spec: str, device: str, every: int, max_s: 
 
 
 def probe(routes: list[Route], policy_spec: str, out_dir: Path, *, every: int = DEFAULT_EVERY,
-          max_s: float = DEFAULT_MAX_S, frame_size=(256, 128), workers: int = 1, device: str = "cpu",
+          max_s: float = DEFAULT_MAX_S, frame_size=FRAME_SIZE, workers: int = 1, device: str = "cpu",
           overrides: Optional[dict] = None, progress: bool = True) -> dict:
     from .closed_loop import route_jobs
 
@@ -160,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_selection_arguments(parser)
     parser.add_argument("--every", type=int, default=DEFAULT_EVERY, help="ticks between probes (10 Hz ticks)")
     parser.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_S, help="probe at most this long per route")
-    parser.add_argument("--frame-size", default="256x128")
+    add_frame_size_argument(parser)
     parser.add_argument("--workers", type=int, default=1)
     add_decoding_arguments(parser)
 
@@ -174,7 +175,7 @@ def run(args) -> int:
     if not routes:
         print("no routes selected")
         return 2
-    w, h = parse_frame_size(args.frame_size)
+    w, h = resolve_frame_size(args.frame_size, args.policy)
     try:
         res = probe(routes, args.policy, Path(args.out), every=args.every, max_s=args.max_seconds, frame_size=(w, h),
                     workers=args.workers, device=args.device,
