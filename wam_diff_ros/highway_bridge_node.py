@@ -31,7 +31,7 @@ from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header, String
 
-from wam_diff_core.constants import FRAME_SIZE
+from wam_diff_core.constants import FRAME_SIZE, REPLAN_EVERY
 from wam_diff_core.types import EgoState, Plan
 from wam_diff_msgs.msg import Trajectory
 
@@ -46,7 +46,7 @@ PARAMETERS = {
     "limit": (1, "number of routes to drive (after the id / scenario filters); 0 = all"),
     "frame_width": (FRAME_SIZE[0], "camera frame width, pixels (the planner's model's trained frames: wam-diff-demo sets it)"),
     "frame_height": (FRAME_SIZE[1], "camera frame height, pixels"),
-    "replan_every": (5, "10 Hz ticks between plans; the controller tracks the last plan in between"),
+    "replan_every": (REPLAN_EVERY, "10 Hz ticks between plans; the controller tracks the last plan in between"),
     "plan_timeout_s": (120.0, "longest wait for the planner's Trajectory (wall seconds); then the tick brakes"),
     "connect_timeout_s": (300.0, "longest wait for the planner to subscribe the camera (model loading)"),
     "out_dir": ("runs/ros_demo", "per-route JSON, summary.json and videos/ land here"),

@@ -4,7 +4,7 @@
     samples:     {planning: 64, detection: 32, qa: 64}   evenly spaced over each split
     max_new_tokens: {planning: 128, detection: 192, qa: 64}   token budget per answer (the policy's)
     decoding:    {steps: 8, strategy: low_confidence_dynamic, threshold: 0.9, number_order: true}   (B = 1: 1 step)
-    closed_loop: {routes: null, ids: [], limit: null, frame_size: 256x128, replan_every: 5, workers: 1}
+    closed_loop: {routes: null, ids: [], limit: null, frame_size: 256x128, replan_every: 4, workers: 1}
     models:
       - {name: nano-S AR, path: runs/.../model}                    block size: the checkpoint's own
       - {name: nano-S B32, path: ..., block_size: 32, teacher: nano-L B32, closed_loop: true}
@@ -29,7 +29,7 @@ from typing import Optional
 
 import yaml
 
-from wam_diff_core.constants import FRAME_SIZE, TASKS
+from wam_diff_core.constants import FRAME_SIZE, REPLAN_EVERY, TASKS
 from wam_diff_core.model.settings import STRATEGIES
 from wam_diff_core.policy import TASK_BUDGET
 from wam_diff_core.sim.policies import BASELINES
@@ -70,7 +70,7 @@ class ClosedLoop:
     ids: tuple[str, ...] = ()
     limit: Optional[int] = None
     frame_size: tuple[int, int] = FRAME_SIZE
-    replan_every: int = 5
+    replan_every: int = REPLAN_EVERY
     workers: int = 1
 
 
@@ -166,7 +166,7 @@ def parse_spec(raw) -> ReportSpec:
         routes=cl.get("routes"), ids=tuple(cl.get("ids") or ()),
         limit=None if cl.get("limit") is None else _positive_int(cl["limit"], "closed_loop.limit"),
         frame_size=_frame_size(cl.get("frame_size", "x".join(map(str, FRAME_SIZE))), "closed_loop.frame_size"),
-        replan_every=_positive_int(cl.get("replan_every", 5), "closed_loop.replan_every"),
+        replan_every=_positive_int(cl.get("replan_every", REPLAN_EVERY), "closed_loop.replan_every"),
         workers=_positive_int(cl.get("workers", 1), "closed_loop.workers"))
     entries = raw.get("models")
     if not isinstance(entries, list) or not entries:

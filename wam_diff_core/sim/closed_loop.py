@@ -24,7 +24,7 @@ import numpy as np
 from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..model.settings import steps_for_block
-from ..constants import FRAME_SIZE
+from ..constants import FRAME_SIZE, REPLAN_EVERY
 from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes, suite_version
 
 ROUTE_DEVIATION_M = {"corridor": 6.0, "road": 3.0}   # junction routes: from the route; others: beyond the road edge
@@ -328,7 +328,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--video", default="", help="comma-separated route ids to render as video, or 'first'")
     add_frame_size_argument(parser)
-    parser.add_argument("--replan-every", type=int, default=1, help="ticks between policy calls (10 Hz ticks)")
+    parser.add_argument("--replan-every", type=int, default=REPLAN_EVERY,
+                        help=f"ticks between policy calls (10 Hz ticks; default {REPLAN_EVERY})")
     parser.add_argument("--seed-offsets", default="0",
                         help="comma-separated traffic seed offsets: every route once per offset (0: the suite's own "
                              "traffic; others: the same road and scenario with other traffic, ids <route>_s<offset>); "

@@ -43,7 +43,7 @@ from .closed_loop import route_jobs
 from .datagen import (DATASOURCE, STUCK_KEEP_S, VAL_FRACTION, add_split_arguments, add_wait_arguments, merge_parts,
                       pending_routes, training_copies, waiting_keep, write_part)
 from .policies import expert_plan
-from ..constants import FRAME_SIZE
+from ..constants import FRAME_SIZE, REPLAN_EVERY
 from .routes import (Route, add_frame_size_argument, add_selection_arguments, load_routes, parse_seed_offsets,
                      resolve_frame_size, select_routes)
 
@@ -151,7 +151,7 @@ def _trimmed(part: dict, wait_keep_s: float, wait_lead_s: float, keep_departures
 
 # ---------------------------------------------------------------- one route, workers
 def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_size=FRAME_SIZE,
-                  every: int = 4, seed: int = 0) -> dict:
+                  every: int = REPLAN_EVERY, seed: int = 0) -> dict:
     """Drive one route with `policy`, labelling every planning tick; write OUT/parts/<route_id>.json."""
     from .closed_loop import run_route
 
@@ -182,7 +182,7 @@ def _samples_postfix(done: list) -> dict:
 
 
 def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS,
-            val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=FRAME_SIZE, every: int = 4, workers: int = 1,
+            val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=FRAME_SIZE, every: int = REPLAN_EVERY, workers: int = 1,
             device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True,
             split_over: Optional[list[Route]] = None, wait_keep_s: Optional[float] = None,
             wait_lead_s: float = HORIZON_S, keep_departures: bool = False) -> dict:
@@ -232,7 +232,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_selection_arguments(parser)
     add_split_arguments(parser, DEFAULT_SEED_OFFSETS, ", unlike the expert data")
     parser.add_argument("--beta", type=float, default=0.0, help="probability that a plan is the expert's (0..1)")
-    parser.add_argument("--every", type=int, default=4, help="ticks between plans; each plan is one labelled sample")
+    parser.add_argument("--every", type=int, default=REPLAN_EVERY,
+                        help="ticks between plans; each plan is one labelled sample")
     add_frame_size_argument(parser)
     parser.add_argument("--workers", type=int, default=1)
     add_wait_arguments(parser, "default: keep every labelled tick")
