@@ -54,9 +54,20 @@ def _to_frame(points: np.ndarray, from_pose, to_pose) -> np.ndarray:
     return world_to_ego(w, np.array(to_pose[:2]), to_pose[2])
 
 
+def latency_ticks(seconds: float, dt: float) -> int:
+    """Whole ticks a plan computed in `seconds` of wall time arrives after (0 for an instant policy)."""
+    return max(0, math.ceil(seconds / dt - 1e-9))
+
+
 def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bool = False,
-              frame_size=FRAME_SIZE, replan_every: int = 1, controller_config=None) -> dict:
-    """Drive one route with a policy (a .plan(images, ego, command) object). Returns the route record."""
+              frame_size=FRAME_SIZE, replan_every: int = 1, controller_config=None, realtime: bool = False) -> dict:
+    """Drive one route with a policy (a .plan(images, ego, command) object). Returns the route record.
+
+    realtime: the world does not wait for the planner. A plan asked for at tick k from that tick's frame arrives
+    `latency_ticks(measured wall time)` ticks later (the first plan of the route excepted: the planner is taken
+    to be running before the route starts); until then the controller tracks the previous plan, aged from the tick
+    it was asked for, and the next plan is asked for when this one has arrived and `replan_every` ticks have
+    passed. Off (the default): every plan is applied at the tick it was asked for, as in a lockstep simulator."""
     from ..control import Controller, ControllerConfig
     from .highway import WHEELBASE_M, HighwayWorld
     from .policies import safe_plan
@@ -79,22 +90,33 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
     invalid_plans = 0
     plan_time = 0.0
     plan, plan_pose, plan_tick = None, None, -10 ** 9
+    request_tick, pending = -10 ** 9, None  # pending: (Plan, pose, tick asked, tick it arrives)
+    latencies: list[int] = []
     offroad_m, driven_m = 0.0, 0.0
     last_pose = tick.pose
     stopped_since = None
     status = None
     while True:
         k = world._ticks
-        if k - plan_tick >= replan_every:
-            t0 = time.perf_counter()
-            p = safe_plan(policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command)
-            plan_time += time.perf_counter() - t0
-            if not p.valid:
-                invalid_plans += 1
-                plan = None
-            else:
-                plan = np.asarray(p.trajectory, dtype=np.float64)
-            plan_pose, plan_tick = tick.pose, k
+        while True:  # a plan arriving now first, then the next one asked for (applied at once when it takes no ticks)
+            if pending is not None and k >= pending[3]:
+                p, plan_pose, plan_tick, _ = pending
+                pending = None
+                if not p.valid:
+                    invalid_plans += 1
+                    plan = None
+                else:
+                    plan = np.asarray(p.trajectory, dtype=np.float64)
+            if pending is None and k - request_tick >= replan_every:
+                t0 = time.perf_counter()
+                p = safe_plan(policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command)
+                wall = time.perf_counter() - t0
+                plan_time += wall
+                lag = latency_ticks(wall, world.dt) if realtime and request_tick >= 0 else 0
+                latencies.append(lag)
+                pending, request_tick = (p, tick.pose, k, k + lag), k
+                continue
+            break
         traj_now = None
         if plan is not None:
             age = (k - plan_tick) * world.dt
@@ -170,7 +192,11 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
         "state_hash": state_hash.hexdigest(),
         "wall_s": round(time.perf_counter() - wall0, 3),
         "plan_s": round(plan_time, 3),
+        "plans": len(latencies),
     }
+    if realtime:
+        rec["realtime"] = {"latency_ticks_mean": round(float(np.mean(latencies)), 3) if latencies else 0.0,
+                           "latency_ticks_max": int(max(latencies, default=0))}
     rec["score"] = bench2drive.route_score(rec["completion"], infractions)
     if video and frames and out_dir is not None:
         from .video import write_video
@@ -199,12 +225,12 @@ def worker_threads(workers: int):
 
 
 def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video: bool, frame_size, replan_every: int,
-            overrides: Optional[dict] = None) -> dict:
+            overrides: Optional[dict] = None, realtime: bool = False) -> dict:
     from .policies import cached_policy
 
     route = Route(**route_dict)
     rec = run_route(route, cached_policy(policy_spec, device, overrides), out_dir=Path(out_dir), video=video,
-                    frame_size=frame_size, replan_every=replan_every)
+                    frame_size=frame_size, replan_every=replan_every, realtime=realtime)
     path = Path(out_dir) / "routes" / f"{route.route_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec))
@@ -256,7 +282,7 @@ def _run_jobs(worker, args: list[tuple], workers: int):
 
 def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: int = 1, video_ids=(),
                 frame_size=FRAME_SIZE, replan_every: int = 1, device: str = "cpu", resume: bool = False,
-                progress: bool = True, overrides: Optional[dict] = None) -> dict:
+                progress: bool = True, overrides: Optional[dict] = None, realtime: bool = False) -> dict:
     """Run routes (in `workers` processes), write per-route JSON and summary.json; return the summary.
     `overrides`: PolicyConfig fields for a learned policy (block_size, steps, ...)."""
     out_dir = Path(out_dir)
@@ -270,7 +296,7 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
             todo.append(r)
     t0 = time.perf_counter()
     args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every,
-             overrides) for r in todo]
+             overrides, realtime) for r in todo]
     records += [rec for rec in route_jobs(_worker, args, workers, desc=f"drive {policy_spec}" if progress else None)
                 if rec is not None]
     summary = bench2drive.summarize(records, expected_route_ids=[r.route_id for r in routes])
@@ -282,9 +308,14 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
         "workers": workers,
         "frame_size": [int(v) for v in frame_size],
         "replan_every": int(replan_every),
+        "realtime": bool(realtime),
+        "plans": int(sum(r.get("plans", 0) for r in records)),
         "invalid_plans": int(sum(r.get("invalid_plans", 0) for r in records)),
         "videos": sorted(r["video"] for r in records if r.get("video")),
     })
+    if realtime:
+        lags = [r["realtime"]["latency_ticks_mean"] for r in records if r.get("realtime")]
+        summary["latency_ticks_mean"] = round(float(np.mean(lags)), 3) if lags else None
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -334,6 +365,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated traffic seed offsets: every route once per offset (0: the suite's own "
                              "traffic; others: the same road and scenario with other traffic, ids <route>_s<offset>); "
                              "training data drove offsets 0-18000, so take others for a robustness check")
+    parser.add_argument("--realtime", action="store_true",
+                        help="the world does not wait for the planner: each plan arrives after its measured decode "
+                             "time, rounded up to 10 Hz ticks, and the controller tracks the previous plan meanwhile "
+                             "(results then depend on this machine's speed and load)")
     add_decoding_arguments(parser)
     parser.add_argument("--resume", action="store_true", help="keep routes already written in OUT/routes")
 
@@ -354,9 +389,11 @@ def run(args) -> int:
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
                           frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume,
-                          overrides=cli_overrides(args))
+                          overrides=cli_overrides(args), realtime=args.realtime)
     print(bench2drive.format_table(summary))
-    print(f"wall {summary['wall_s']:.1f} s, invalid plans {summary['invalid_plans']}")
+    print(f"wall {summary['wall_s']:.1f} s, plans {summary['plans']}, invalid plans {summary['invalid_plans']}")
+    if args.realtime:
+        print(f"realtime: plans arrived {summary['latency_ticks_mean']} ticks (10 Hz) after their frame on average")
     for v in summary["videos"]:
         print(f"video: {v}")
     print(f"summary: {Path(args.out) / 'summary.json'}")
