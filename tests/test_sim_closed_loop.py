@@ -174,3 +174,6 @@ def test_realtime_plans_arrive_after_their_decode_time_and_the_next_is_asked_for
     assert b["status"] == "Completed" and b["invalid_plans"] == 0
     # never stale: the ego keeps driving at the planned speed while plans are in flight
     assert b["efficiency"]["ego_mean_speed"] == pytest.approx(a["efficiency"]["ego_mean_speed"], rel=0.05)
+    # a staleness limit under the plans' age: the controller brakes between arrivals and the ego falls behind
+    c = run_route(SHORT_HIGHWAY, SlowStraightPolicy(0.25), replan_every=1, realtime=True, stale_after_s=0.2)
+    assert c["efficiency"]["ego_mean_speed"] < 0.8 * b["efficiency"]["ego_mean_speed"]

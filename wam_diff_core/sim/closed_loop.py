@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -25,6 +26,7 @@ from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..model.settings import steps_for_block
 from ..constants import FRAME_SIZE, REPLAN_EVERY
+from ..control import ControllerConfig
 from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes, suite_version
 
 ROUTE_DEVIATION_M = {"corridor": 6.0, "road": 3.0}   # junction routes: from the route; others: beyond the road edge
@@ -60,15 +62,17 @@ def latency_ticks(seconds: float, dt: float) -> int:
 
 
 def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bool = False,
-              frame_size=FRAME_SIZE, replan_every: int = 1, controller_config=None, realtime: bool = False) -> dict:
+              frame_size=FRAME_SIZE, replan_every: int = 1, controller_config=None, realtime: bool = False,
+              stale_after_s: Optional[float] = None) -> dict:
     """Drive one route with a policy (a .plan(images, ego, command) object). Returns the route record.
 
     realtime: the world does not wait for the planner. A plan asked for at tick k from that tick's frame arrives
     `latency_ticks(measured wall time)` ticks later (the first plan of the route excepted: the planner is taken
     to be running before the route starts); until then the controller tracks the previous plan, aged from the tick
     it was asked for, and the next plan is asked for when this one has arrived and `replan_every` ticks have
-    passed. Off (the default): every plan is applied at the tick it was asked for, as in a lockstep simulator."""
-    from ..control import Controller, ControllerConfig
+    passed. Off (the default): every plan is applied at the tick it was asked for, as in a lockstep simulator.
+    stale_after_s: the controller's limit on a plan's age (it brakes on older plans), in place of its config's."""
+    from ..control import Controller
     from .highway import WHEELBASE_M, HighwayWorld
     from .policies import safe_plan
 
@@ -78,7 +82,10 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
                          render=needs_images or video)
     if hasattr(policy, "bind"):
         policy.bind(world)
-    ctl = Controller(controller_config or ControllerConfig(wheelbase_m=WHEELBASE_M))
+    config = controller_config or ControllerConfig(wheelbase_m=WHEELBASE_M)
+    if stale_after_s is not None:
+        config = dataclasses.replace(config, stale_after_s=float(stale_after_s))
+    ctl = Controller(config)
     wall0 = time.perf_counter()
     tick = world.reset()
     corridor = world._corridor_route
@@ -225,12 +232,13 @@ def worker_threads(workers: int):
 
 
 def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video: bool, frame_size, replan_every: int,
-            overrides: Optional[dict] = None, realtime: bool = False) -> dict:
+            overrides: Optional[dict] = None, realtime: bool = False, stale_after_s: Optional[float] = None) -> dict:
     from .policies import cached_policy
 
     route = Route(**route_dict)
     rec = run_route(route, cached_policy(policy_spec, device, overrides), out_dir=Path(out_dir), video=video,
-                    frame_size=frame_size, replan_every=replan_every, realtime=realtime)
+                    frame_size=frame_size, replan_every=replan_every, realtime=realtime,
+                    stale_after_s=stale_after_s)
     path = Path(out_dir) / "routes" / f"{route.route_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec))
@@ -282,7 +290,8 @@ def _run_jobs(worker, args: list[tuple], workers: int):
 
 def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: int = 1, video_ids=(),
                 frame_size=FRAME_SIZE, replan_every: int = 1, device: str = "cpu", resume: bool = False,
-                progress: bool = True, overrides: Optional[dict] = None, realtime: bool = False) -> dict:
+                progress: bool = True, overrides: Optional[dict] = None, realtime: bool = False,
+                stale_after_s: Optional[float] = None) -> dict:
     """Run routes (in `workers` processes), write per-route JSON and summary.json; return the summary.
     `overrides`: PolicyConfig fields for a learned policy (block_size, steps, ...)."""
     out_dir = Path(out_dir)
@@ -296,7 +305,7 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
             todo.append(r)
     t0 = time.perf_counter()
     args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every,
-             overrides, realtime) for r in todo]
+             overrides, realtime, stale_after_s) for r in todo]
     records += [rec for rec in route_jobs(_worker, args, workers, desc=f"drive {policy_spec}" if progress else None)
                 if rec is not None]
     summary = bench2drive.summarize(records, expected_route_ids=[r.route_id for r in routes])
@@ -309,6 +318,7 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
         "frame_size": [int(v) for v in frame_size],
         "replan_every": int(replan_every),
         "realtime": bool(realtime),
+        "stale_after_s": stale_after_s,
         "plans": int(sum(r.get("plans", 0) for r in records)),
         "invalid_plans": int(sum(r.get("invalid_plans", 0) for r in records)),
         "videos": sorted(r["video"] for r in records if r.get("video")),
@@ -369,6 +379,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the world does not wait for the planner: each plan arrives after its measured decode "
                              "time, rounded up to 10 Hz ticks, and the controller tracks the previous plan meanwhile "
                              "(results then depend on this machine's speed and load)")
+    parser.add_argument("--stale-after-s", type=float, default=None,
+                        help="the controller brakes on plans older than this (default: its config's, "
+                             f"{ControllerConfig.stale_after_s:g} s)")
     add_decoding_arguments(parser)
     parser.add_argument("--resume", action="store_true", help="keep routes already written in OUT/routes")
 
@@ -389,7 +402,7 @@ def run(args) -> int:
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
                           frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume,
-                          overrides=cli_overrides(args), realtime=args.realtime)
+                          overrides=cli_overrides(args), realtime=args.realtime, stale_after_s=args.stale_after_s)
     print(bench2drive.format_table(summary))
     print(f"wall {summary['wall_s']:.1f} s, plans {summary['plans']}, invalid plans {summary['invalid_plans']}")
     if args.realtime:
