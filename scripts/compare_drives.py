@@ -1,0 +1,114 @@
+"""Closed-loop runs side by side: DS, SR, collisions, plans, realtime latency and DS per scenario.
+
+Each argument is LABEL=PATH with PATH a `wam-diff drive` output directory or its summary.json. Writes
+OUT/compare.json, OUT/compare.md (the table) and OUT/compare.png (DS per scenario, one bar per run), and prints
+the table.
+
+    .venv/bin/python scripts/compare_drives.py --out runs/v13/compare \\
+        "B32 lockstep=runs/v13/w_default" "B32 realtime=runs/v13/rt_b32" "AR realtime=runs/v13/rt_ar"
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.report import scenario_scores  # noqa: E402
+
+
+def load_run(spec: str) -> tuple[str, dict]:
+    """'LABEL=PATH' -> (label, summary); exits naming the argument when it is malformed or unreadable."""
+    label, sep, path = spec.partition("=")
+    if not sep or not label or not path:
+        raise SystemExit(f"{spec!r}: expected LABEL=PATH (a drive output directory or its summary.json)")
+    p = Path(path)
+    p = p / "summary.json" if p.is_dir() else p
+    try:
+        summary = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"{spec!r}: cannot read {p} ({exc})")
+    if "routes" not in summary or "driving_score" not in summary:
+        raise SystemExit(f"{spec!r}: {p} is not a wam-diff drive summary (no routes / driving_score)")
+    return label, summary
+
+
+def row(label: str, summary: dict) -> dict:
+    per = scenario_scores(summary)
+    return {"label": label, "driving_score": summary["driving_score"], "success_rate": summary["success_rate"],
+            "routes": summary.get("num_routes"), "collisions": per["collisions"], "plans": summary.get("plans"),
+            "frame_size": summary.get("frame_size"), "replan_every": summary.get("replan_every"),
+            "realtime": summary.get("realtime", False), "latency_ticks_mean": summary.get("latency_ticks_mean"),
+            "stale_after_s": summary.get("stale_after_s"), "per_scenario": per["per_scenario"]}
+
+
+def _fmt(v, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    if isinstance(v, list):
+        return "x".join(map(str, v))
+    return str(v)
+
+
+def markdown(rows: list[dict]) -> str:
+    scenarios = sorted({s for r in rows for s in r["per_scenario"]})
+    head = ["run", "DS", "SR %", "collisions", "plans", "frames", "replan", "realtime", "latency (ticks)",
+            "stale after (s)", *scenarios]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [r["label"], _fmt(r["driving_score"]), _fmt(r["success_rate"]), _fmt(r["collisions"]), _fmt(r["plans"]),
+                 _fmt(r["frame_size"]), _fmt(r["replan_every"]), _fmt(r["realtime"]), _fmt(r["latency_ticks_mean"], 2),
+                 _fmt(r["stale_after_s"]), *(_fmt(r["per_scenario"].get(s)) for s in scenarios)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    groups = ["all", *sorted({s for r in rows for s in r["per_scenario"]})]
+    x = np.arange(len(groups))
+    width = 0.8 / max(1, len(rows))
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(groups)) + 3, 4))
+    for i, r in enumerate(rows):
+        vals = [r["driving_score"], *(r["per_scenario"].get(g, 0.0) for g in groups[1:])]
+        ax.bar(x + (i - (len(rows) - 1) / 2) * width, vals, width, label=r["label"])
+    ax.set_xticks(x, groups, rotation=20)
+    ax.set_ylabel("driving score")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("closed loop on the embedded suite")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="LABEL=PATH (drive output directory or summary.json)")
+    ap.add_argument("--out", required=True, help="directory for compare.json / .md / .png")
+    args = ap.parse_args(argv)
+    rows = [row(*load_run(spec)) for spec in args.runs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows)
+    (out / "compare.json").write_text(json.dumps(rows, indent=2))
+    (out / "compare.md").write_text(table)
+    plot(rows, out / "compare.png")
+    print(table, end="")
+    print(f"written: {out / 'compare.json'}, {out / 'compare.md'}, {out / 'compare.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

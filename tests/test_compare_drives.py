@@ -1,0 +1,48 @@
+"""scripts/compare_drives.py: closed-loop runs side by side (table, JSON, plot) from drive summaries."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("highway_env", reason="embedded world dependencies (requirements-sim.txt) not installed")
+
+from wam_diff_core.sim.closed_loop import drive_suite  # noqa: E402
+from wam_diff_core.sim.routes import Route  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("compare_drives", REPO / "scripts" / "compare_drives.py")
+compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare)
+
+SHORT = [Route("t_highway", "highway", 11, 1.0, 60.0, 10.0, {"lanes": 3, "vehicles": 8, "ego_speed": 20.0}),
+         Route("t_left", "intersection", 9, 1.0, 90.0, 25.0, {"destination": "o1"})]
+
+
+def test_compare_reads_drive_summaries_and_writes_the_table_json_and_plot(tmp_path, capsys):
+    a = drive_suite(SHORT, "expert-plan", tmp_path / "a", frame_size=(64, 32), replan_every=4, progress=False)
+    b = drive_suite(SHORT, "constant-velocity", tmp_path / "b", frame_size=(64, 32), replan_every=4, progress=False,
+                    realtime=True)
+    out = tmp_path / "cmp"
+    assert compare.main(["--out", str(out), f"expert plans={tmp_path / 'a'}", f"cv={tmp_path / 'b' / 'summary.json'}"]) == 0
+    rows = json.loads((out / "compare.json").read_text())
+    assert [r["label"] for r in rows] == ["expert plans", "cv"]
+    assert rows[0]["driving_score"] == pytest.approx(a["driving_score"])
+    assert rows[1]["driving_score"] == pytest.approx(b["driving_score"])
+    # realtime: a plan is used from the first tick after it is ready, so even an instant policy lags (up to) one tick
+    assert rows[1]["realtime"] is True and rows[1]["latency_ticks_mean"] == b["latency_ticks_mean"] <= 1.0
+    assert rows[0]["per_scenario"]["intersection"] == pytest.approx(a["routes"]["t_left"]["score"])
+    assert rows[0]["plans"] == a["plans"] > 0 and rows[0]["frame_size"] == [64, 32]
+    table = (out / "compare.md").read_text()
+    assert table.splitlines()[2].startswith(f"| expert plans | {a['driving_score']:.1f} |")
+    assert (out / "compare.png").stat().st_size > 1000 and table in capsys.readouterr().out
+
+
+def test_compare_names_a_malformed_or_unreadable_run(tmp_path):
+    with pytest.raises(SystemExit, match="LABEL=PATH"):
+        compare.main(["--out", str(tmp_path), "no-label"])
+    with pytest.raises(SystemExit, match="cannot read"):
+        compare.main(["--out", str(tmp_path), f"x={tmp_path / 'missing'}"])
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    with pytest.raises(SystemExit, match="not a wam-diff drive summary"):
+        compare.main(["--out", str(tmp_path), f"x={tmp_path / 'other.json'}"])
