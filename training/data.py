@@ -181,8 +181,9 @@ class DrivingDataset(torch.utils.data.Dataset):
             return self.grammar.encode(response) + [self.eos_id]
         return self.processor.tokenizer(response + EOS_TOKEN, add_special_tokens=False)["input_ids"]
 
-    def _check(self, sample: dict) -> tuple[str, str, list[Path]]:
-        """Cheap checks before training: conversation form, image files, response length."""
+    def _check(self, sample: dict) -> tuple[str, str, str, list[Path], list[tuple[int, int]]]:
+        """Cheap checks before training: conversation form, image files, response length. Returns the task, prompt,
+        response, image paths and the images' (W, H)."""
         try:
             prompt, response = sample_to_chat(sample)
         except ValueError as exc:
@@ -203,7 +204,7 @@ class DrivingDataset(torch.utils.data.Dataset):
         n = len(self.response_ids(task, response))
         if n > self.max_response_tokens:
             raise DataError(f"response too long: {n} tokens > max_response_tokens {self.max_response_tokens}")
-        return prompt, response, paths, sizes
+        return task, prompt, response, paths, sizes
 
     def _fail(self, sid: str, reason: str) -> None:
         if self.on_bad_sample == "error":
@@ -218,11 +219,10 @@ class DrivingDataset(torch.utils.data.Dataset):
             sid = str(sample.get("id", f"#{i}")) if isinstance(sample, dict) else f"#{i}"
             self.stats.total += 1
             try:
-                prompt, response, paths, sizes = self._check(sample)
+                task, prompt, response, paths, sizes = self._check(sample)
             except DataError as exc:
                 self._fail(sid, str(exc))
                 continue
-            task = str(sample.get("task", ""))
             kept.append((sid, task, prompt, response, paths))
             if task == "planning":
                 self.planning_frame_sizes.update(sizes)

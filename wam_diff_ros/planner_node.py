@@ -154,7 +154,7 @@ class PlannerNode(LifecycleNode):
         self._service_group = MutuallyExclusiveCallbackGroup()
         self._cfg: dict = {}
         self._trained_frame: Optional[tuple[int, int]] = None  # (W, H) the model learned from, when it says
-        self._last_frame: Optional[tuple[int, int]] = None
+        self._frame_sizes: dict[int, tuple[int, int]] = {}  # camera index -> (W, H) of its newest frame
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -188,7 +188,7 @@ class PlannerNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         load_s = time.perf_counter() - t0
         self._trained_frame = getattr(self.policy, "trained_frame_size", None)
-        self._last_frame = None
+        self._frame_sizes = {}
         if cfg["warmup"]:
             self._warmup()
         self.stats.reset()
@@ -321,13 +321,13 @@ class PlannerNode(LifecycleNode):
         """Count (and log, throttled) frames of another size than the model's trained frames: it still plans, but
         from a view it never saw (the diagnostics say WARN)."""
         size = (int(rgb.shape[1]), int(rgb.shape[0]))
-        self._last_frame = size
+        self._frame_sizes[camera] = size
         trained = self._trained_frame
         if trained is not None and size != trained:
             self.stats.count("frames_off_size")
             self.get_logger().warning(self._off_size_text(size, camera), throttle_duration_sec=10.0)
 
-    def _off_size_text(self, size: tuple[int, int], camera: int = 0) -> str:
+    def _off_size_text(self, size: tuple[int, int], camera: int) -> str:
         t = self._trained_frame
         return (f"camera frames on {self._cfg['camera_topics'][camera]} are {size[0]}x{size[1]}, the model was trained "
                 f"on {t[0]}x{t[1]} frames")
@@ -450,11 +450,12 @@ class PlannerNode(LifecycleNode):
         if pub is None:
             return
         values = self.stats.snapshot()
+        sizes = sorted(dict(self._frame_sizes).items())  # one snapshot: camera callbacks may add a camera meanwhile
         values.update(model=self._cfg.get("model", ""), command=self._command,
                       odometry="received" if self._odom_seen else "none yet (ego speed 0)",
                       trained_frame_size="x".join(map(str, self._trained_frame)) if self._trained_frame else "unknown",
-                      frame_size="x".join(map(str, self._last_frame)) if self._last_frame else "none yet")
-        off_size = self._trained_frame is not None and self._last_frame not in (None, self._trained_frame)
+                      frame_size=",".join("x".join(map(str, v)) for _, v in sizes) or "none yet")
+        off_size = [(c, v) for c, v in sizes if self._trained_frame is not None and v != self._trained_frame]
         if self.stats.in_error:
             level, message = DiagnosticStatus.ERROR, values["last_error"]
         elif self.policy is None:
@@ -462,7 +463,7 @@ class PlannerNode(LifecycleNode):
         elif values["plans_published"] == "0":
             level, message = DiagnosticStatus.WARN, "waiting for camera frames"
         elif off_size:
-            level, message = DiagnosticStatus.WARN, "planning; " + self._off_size_text(self._last_frame)
+            level, message = DiagnosticStatus.WARN, "planning; " + self._off_size_text(off_size[0][1], off_size[0][0])
         else:
             level, message = DiagnosticStatus.OK, "planning"
         try:
