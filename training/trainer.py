@@ -268,11 +268,11 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     dataset = build_datasets(dc.train, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, dc.on_bad_sample,
                              trajectory_format=style, occupancy_cells=pc.occupancy_cells if head is not None else None)
     scan_skipped = dataset.skipped()
-    frame_size = dataset.planning_frame_size()  # recorded in the checkpoint for closed-loop tools
-    if frame_size is not None:
+    frame_size, frame_sizes = dataset.planning_frame_size(), dataset.planning_frame_sizes()
+    if frame_size is not None:  # recorded in the checkpoint for closed-loop tools
         loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, frame_size=frame_size))
-    elif dataset.planning_frame_sizes():
-        print(f"note: planning frames of several sizes {dataset.planning_frame_sizes()}; the checkpoint keeps "
+    elif frame_sizes:
+        print(f"note: planning frames of several sizes {frame_sizes}; the checkpoint keeps "
               f"frame_size {loaded.settings.frame_size}", flush=True)
     sampler = MixSampler(dataset.sizes, dataset.weights, tc.batch_size, tc.seed, dc.epoch_size, ctx.rank, ctx.world)
     steps_total = tc.max_steps or max(1, math.ceil(tc.epochs * sampler.batches_per_epoch / tc.grad_accum))
@@ -415,7 +415,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         shutil.rmtree(resume_dir, ignore_errors=True)
         summary = {"stage": stage.name, "block_size": stage.block_size, "steps": steps_total,
                    "skipped_scan": scan_skipped, "skipped_runtime": skipped_runtime,
-                   "planning_frame_sizes": dataset.planning_frame_sizes()}
+                   "planning_frame_sizes": frame_sizes}
         if cfg.eval.enabled and dc.val:
             ec = cfg.eval
             val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip",

@@ -22,10 +22,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
+from ..constants import FRAME_SIZE, NUM_WAYPOINTS, REPLAN_EVERY, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..model.settings import steps_for_block
-from ..constants import FRAME_SIZE, REPLAN_EVERY
 from ..control import ControllerConfig
 from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes, suite_version
 
@@ -406,7 +405,8 @@ def run(args) -> int:
     print(bench2drive.format_table(summary))
     print(f"wall {summary['wall_s']:.1f} s, plans {summary['plans']}, invalid plans {summary['invalid_plans']}")
     if args.realtime:
-        print(f"realtime: plans arrived {summary['latency_ticks_mean']} ticks (10 Hz) after their frame on average")
+        print(f"realtime: plans arrived {summary['latency_ticks_mean']} ticks (10 Hz) after their frame "
+              "(the mean over routes of each route's mean)")
     for v in summary["videos"]:
         print(f"video: {v}")
     print(f"summary: {Path(args.out) / 'summary.json'}")

@@ -36,14 +36,13 @@ from typing import Optional
 
 import numpy as np
 
-from ..constants import HORIZON_S, IMAGE_PLACEHOLDER
+from ..constants import FRAME_SIZE, HORIZON_S, IMAGE_PLACEHOLDER, REPLAN_EVERY
 from ..eval import bench2drive
 from ..types import Plan
 from .closed_loop import route_jobs
 from .datagen import (DATASOURCE, STUCK_KEEP_S, VAL_FRACTION, add_split_arguments, add_wait_arguments, merge_parts,
                       pending_routes, training_copies, waiting_keep, write_part)
 from .policies import expert_plan
-from ..constants import FRAME_SIZE, REPLAN_EVERY
 from .routes import (Route, add_frame_size_argument, add_selection_arguments, load_routes, parse_seed_offsets,
                      resolve_frame_size, select_routes)
 
