@@ -7,6 +7,7 @@
   wam-diff-train eval    --model CKPT --data VAL.json --steps 8     (decode + score a split)
   wam-diff-train speed   --init CKPT --data D --block-sizes 1,32   (seconds per optimizer step)
   wam-diff-train recipe  training/recipes/nano_s_b32.yaml [--resume]  (a model card's commands, timed)
+  wam-diff-train average A B [C ...] --out DST [--weights 0.5,0.5]   (parameter average of one lineage)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
 Runs under `torchrun --nproc_per_node N -m training.cli ...` as well (DDP; gloo on CPU).
@@ -90,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_argument("--device", default="cpu")
     speed.add_argument("--threads", type=int)
     speed.add_argument("--json", help="write the result here")
+    avg = sub.add_parser("average", help="weighted parameter average of checkpoints of one lineage (a model soup)")
+    avg.add_argument("sources", nargs="+", help="checkpoint directories (two or more)")
+    avg.add_argument("--out", required=True, help="output directory (written atomically)")
+    avg.add_argument("--weights", help="comma-separated, one per source, normalised to sum 1 (default: uniform)")
     recipe = sub.add_parser("recipe", help="run a recipe's commands in order; wall times to OUT/recipe.json")
     recipe.add_argument("file", help="recipe YAML (training/recipes/*.yaml)")
     recipe.add_argument("--resume", action="store_true", help="skip steps whose 'done' path exists")
@@ -153,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"exported: {export(args.src, args.dst, args.dtype, args.steps)}")
         return 0
+    if args.stage == "average":
+        from .average import average, parse_weights
+
+        print(f"averaged: {average(args.sources, args.out, parse_weights(args.weights, len(args.sources)))}")
+        return 0
     if args.stage == "recipe":
         from .recipe import main as run_recipe
 
@@ -214,10 +224,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"wam-diff-train: config error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
+        from wam_diff_core.model.checkpoint import CheckpointError
+
+        from .average import AverageError
         from .data import DataError
         from .trainer import StageExists
 
-        if isinstance(exc, (DataError, StageExists)):
+        if isinstance(exc, (DataError, StageExists, AverageError, CheckpointError)):
             print(f"wam-diff-train: {exc}", file=sys.stderr)
             return 2
         raise

@@ -1,0 +1,109 @@
+"""`wam-diff-train average A B ... --out DST [--weights 0.5,0.5]`: a weighted average of the parameters of
+checkpoints fine-tuned from one another (a "model soup"), written as a new checkpoint.
+
+Averaging is meaningful only between models of one lineage that decode alike, so every source must have
+the same parameter names and shapes, the same tokenizer (mask, EOS and pad ids; vocabulary), the same
+trained block size and the same trajectory style; anything else raises `AverageError` naming the source
+and the difference. The sum runs in float64 and is stored in float32 (`export` makes a compact copy). The
+first source gives the processor and `wam_diff.json`, except `frame_size`, kept only where all agree.
+`average.json` in the output records the sources, their normalised weights and the parameter digests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from wam_diff_core.model.checkpoint import LoadedModel, load_model, save_model
+
+from .trainer import param_digest
+
+AVERAGE_FILE = "average.json"
+
+
+class AverageError(ValueError):
+    """Sources that cannot be averaged, or bad weights (the message names which and why)."""
+
+
+def parse_weights(text: Optional[str], n: int) -> list[float]:
+    """'0.5,0.25,0.25' -> weights normalised to sum 1; None -> uniform."""
+    if text is None:
+        return [1.0 / n] * n
+    try:
+        raw = [float(w) for w in text.split(",")]
+    except ValueError as exc:
+        raise AverageError(f"weights {text!r}: expected comma-separated numbers") from exc
+    if len(raw) != n:
+        raise AverageError(f"weights {text!r}: {len(raw)} values for {n} checkpoints")
+    if any(not w >= 0 for w in raw) or sum(raw) <= 0:
+        raise AverageError(f"weights {text!r}: expected non-negative numbers with a positive sum")
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+def _identity(loaded: LoadedModel) -> dict:
+    """What two averaged checkpoints must share, beside their parameter shapes."""
+    s = loaded.settings
+    tok = loaded.processor.tokenizer if loaded.processor is not None else None
+    return {"trained_block_size": s.trained_block_size, "trajectory_format": s.trajectory_format,
+            "mask_token_id": s.mask_token_id, "eos_token_id": s.eos_token_id,
+            "pad_token_id": loaded.pad_token_id if tok is not None else None,
+            "vocabulary": len(tok) if tok is not None else None}
+
+
+def _check_compatible(first: LoadedModel, first_state: dict, other: LoadedModel, other_state: dict, name: str,
+                      first_name: str) -> None:
+    a, b = _identity(first), _identity(other)
+    for key in a:
+        if a[key] != b[key]:
+            raise AverageError(f"{name}: {key} {b[key]!r} differs from {first_name}'s {a[key]!r}")
+    if first.processor is not None and first.processor.tokenizer.get_vocab() != other.processor.tokenizer.get_vocab():
+        raise AverageError(f"{name}: its tokenizer's vocabulary differs from {first_name}'s")
+    missing, extra = sorted(set(first_state) - set(other_state)), sorted(set(other_state) - set(first_state))
+    if missing or extra:
+        raise AverageError(f"{name}: parameters differ from {first_name}'s (missing {missing[:3]}, extra {extra[:3]})")
+    for key, p in first_state.items():
+        if other_state[key].shape != p.shape:
+            raise AverageError(f"{name}: parameter {key} has shape {tuple(other_state[key].shape)}, "
+                               f"{first_name}'s {tuple(p.shape)}")
+
+
+def average(sources: Sequence[str | Path], dst: str | Path, weights: Optional[Sequence[float]] = None) -> Path:
+    """Write the weighted parameter average of `sources` to `dst`; returns `dst`."""
+    sources = [Path(s) for s in sources]
+    if len(sources) < 2:
+        raise AverageError(f"average needs at least two checkpoints, got {len(sources)}")
+    weights = list(weights) if weights is not None else [1.0 / len(sources)] * len(sources)
+    if len(weights) != len(sources) or abs(sum(weights) - 1.0) > 1e-6 or min(weights) < 0:
+        raise AverageError(f"weights {weights}: expected {len(sources)} non-negative numbers summing to 1")
+    first = load_model(sources[0], dtype=torch.float32)
+    first_state = first.model.state_dict()
+    acc = {k: v.detach().to(torch.float64) * weights[0] for k, v in first_state.items()}
+    digests = [param_digest(first_state)]
+    frame_sizes = {first.settings.frame_size}
+    for src, w in zip(sources[1:], weights[1:]):
+        other = load_model(src, dtype=torch.float32)
+        other_state = other.model.state_dict()
+        _check_compatible(first, first_state, other, other_state, str(src), str(sources[0]))
+        for k, v in other_state.items():
+            acc[k] += v.detach().to(torch.float64) * w
+        digests.append(param_digest(other_state))
+        frame_sizes.add(other.settings.frame_size)
+        del other, other_state
+    with torch.no_grad():
+        for k, p in first_state.items():
+            p.copy_(acc[k].to(p.dtype))  # state_dict tensors share storage with the module's parameters
+    frame_size = frame_sizes.pop() if len(frame_sizes) == 1 else None
+    if frame_size is None:
+        print(f"note: the sources were trained on different frame sizes {sorted(map(str, frame_sizes))}; "
+              "the average records none", flush=True)
+    first.settings = dataclasses.replace(first.settings, frame_size=frame_size)
+    first.model.config.dtype = torch.float32
+    out = save_model(first, dst)
+    record = {"sources": [{"path": str(s), "weight": w, "param_digest": d} for s, w, d in zip(sources, weights, digests)],
+              "param_digest": param_digest(first.model.state_dict())}
+    (out / AVERAGE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return out
