@@ -47,11 +47,16 @@ def test_average_of_one_model_twice_is_that_model(nano_ckpt, tmp_path):
     assert record["param_digest"] == record["sources"][0]["param_digest"]
 
 
-def test_different_frame_sizes_record_none(nano_ckpt, tmp_path, capsys):
+def test_frame_size_is_kept_where_the_recorded_ones_agree(nano_ckpt, tmp_path, capsys):
     a = _shifted(nano_ckpt, tmp_path / "a", 0.0, frame_size=(256, 128))
     b = _shifted(nano_ckpt, tmp_path / "b", 0.0, frame_size=(384, 192))
     assert load_model(average([a, b], tmp_path / "soup")).settings.frame_size is None
     assert "different frame sizes" in capsys.readouterr().out
+    # a source that records no frame size (trained before checkpoints recorded it) does not veto the others'
+    old = _shifted(nano_ckpt, tmp_path / "old", 0.0, frame_size=None)
+    assert load_model(average([old, a], tmp_path / "soup2")).settings.frame_size == (256, 128)
+    assert "old record no frame size; the average keeps (256, 128)" in capsys.readouterr().out
+    assert load_model(average([old, old], tmp_path / "soup3")).settings.frame_size is None
 
 
 def test_sources_that_do_not_decode_alike_are_refused_by_name(nano_ckpt, tmp_path, capsys):

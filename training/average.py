@@ -5,7 +5,8 @@ Averaging is meaningful only between models of one lineage that decode alike, so
 the same parameter names and shapes, the same tokenizer (mask, EOS and pad ids; vocabulary), the same
 trained block size and the same trajectory style; anything else raises `AverageError` naming the source
 and the difference. The sum runs in float64 and is stored in float32 (`export` makes a compact copy). The
-first source gives the processor and `wam_diff.json`, except `frame_size`, kept only where all agree.
+first source gives the processor and `wam_diff.json`, except `frame_size`: the size the sources that record
+one agree on (none where they differ).
 `average.json` in the output records the sources, their normalised weights and the parameter digests.
 """
 from __future__ import annotations
@@ -47,11 +48,8 @@ def parse_weights(text: Optional[str], n: int) -> list[float]:
 def _identity(loaded: LoadedModel) -> dict:
     """What two averaged checkpoints must share, beside their parameter shapes."""
     s = loaded.settings
-    tok = loaded.processor.tokenizer if loaded.processor is not None else None
     return {"trained_block_size": s.trained_block_size, "trajectory_format": s.trajectory_format,
-            "mask_token_id": s.mask_token_id, "eos_token_id": s.eos_token_id,
-            "pad_token_id": loaded.pad_token_id if tok is not None else None,
-            "vocabulary": len(tok) if tok is not None else None}
+            "mask_token_id": s.mask_token_id, "eos_token_id": s.eos_token_id, "pad_token_id": loaded.pad_token_id}
 
 
 def _check_compatible(first: LoadedModel, first_state: dict, other: LoadedModel, other_state: dict, name: str,
@@ -60,7 +58,7 @@ def _check_compatible(first: LoadedModel, first_state: dict, other: LoadedModel,
     for key in a:
         if a[key] != b[key]:
             raise AverageError(f"{name}: {key} {b[key]!r} differs from {first_name}'s {a[key]!r}")
-    if first.processor is not None and first.processor.tokenizer.get_vocab() != other.processor.tokenizer.get_vocab():
+    if first.processor.tokenizer.get_vocab() != other.processor.tokenizer.get_vocab():
         raise AverageError(f"{name}: its tokenizer's vocabulary differs from {first_name}'s")
     missing, extra = sorted(set(first_state) - set(other_state)), sorted(set(other_state) - set(first_state))
     if missing or extra:
@@ -69,6 +67,20 @@ def _check_compatible(first: LoadedModel, first_state: dict, other: LoadedModel,
         if other_state[key].shape != p.shape:
             raise AverageError(f"{name}: parameter {key} has shape {tuple(other_state[key].shape)}, "
                                f"{first_name}'s {tuple(p.shape)}")
+
+
+def _frame_size(sizes: list, sources: list[Path]):
+    """The planning frame size the sources recorded, when those that record one agree (a source without one,
+    trained before checkpoints recorded it, does not veto); else None, with a note."""
+    known = sorted({tuple(s) for s in sizes if s is not None})
+    if len(known) > 1:
+        print(f"note: the sources were trained on different frame sizes {known}; the average records none", flush=True)
+        return None
+    unrecorded = [str(src) for src, s in zip(sources, sizes) if s is None]
+    if known and unrecorded:
+        print(f"note: {', '.join(unrecorded)} record no frame size; the average keeps {known[0]} from the others",
+              flush=True)
+    return known[0] if known else None
 
 
 def average(sources: Sequence[str | Path], dst: str | Path, weights: Optional[Sequence[float]] = None) -> Path:
@@ -83,7 +95,7 @@ def average(sources: Sequence[str | Path], dst: str | Path, weights: Optional[Se
     first_state = first.model.state_dict()
     acc = {k: v.detach().to(torch.float64) * weights[0] for k, v in first_state.items()}
     digests = [param_digest(first_state)]
-    frame_sizes = {first.settings.frame_size}
+    frame_sizes = [first.settings.frame_size]
     for src, w in zip(sources[1:], weights[1:]):
         other = load_model(src, dtype=torch.float32)
         other_state = other.model.state_dict()
@@ -91,15 +103,12 @@ def average(sources: Sequence[str | Path], dst: str | Path, weights: Optional[Se
         for k, v in other_state.items():
             acc[k] += v.detach().to(torch.float64) * w
         digests.append(param_digest(other_state))
-        frame_sizes.add(other.settings.frame_size)
+        frame_sizes.append(other.settings.frame_size)
         del other, other_state
     with torch.no_grad():
         for k, p in first_state.items():
             p.copy_(acc[k].to(p.dtype))  # state_dict tensors share storage with the module's parameters
-    frame_size = frame_sizes.pop() if len(frame_sizes) == 1 else None
-    if frame_size is None:
-        print(f"note: the sources were trained on different frame sizes {sorted(map(str, frame_sizes))}; "
-              "the average records none", flush=True)
+    frame_size = _frame_size(frame_sizes, sources)
     first.settings = dataclasses.replace(first.settings, frame_size=frame_size)
     first.model.config.dtype = torch.float32
     out = save_model(first, dst)
