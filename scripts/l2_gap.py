@@ -1,0 +1,186 @@
+"""Planning L2 of several models on the same validation plans, with paired bootstrap confidence intervals.
+
+The report scores 64 plans per model; whether a B = 32 model's L2 is "within 5 % of AR" needs to know how far
+that number moves with the plans drawn. This decodes the same `--samples` evenly spaced planning samples with
+every model (the report's decoding: each checkpoint's trained block size, K = `--steps`, dynamic remasking at
+0.9, number order), and resamples the plans (paired: one draw of plans for all models) to give each model's mean
+L2 and its relative gap to the first model, with 95 % intervals. A gap is "within" the bound when the whole
+interval lies below it, "outside" when the whole interval lies above it, else "undecided".
+
+    .venv/bin/python scripts/l2_gap.py --data runs/occ/data_plan/val.json --samples 512 --out runs/v14/l2_gap \\
+        "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32"
+
+Writes OUT/l2_gap.json, OUT/l2_gap.md (the table), OUT/l2_gap.png (L2 against horizon, 95 % bands) and the
+predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.report.open_loop import decode_examples, decoder_config, load_split, write_predictions  # noqa: E402
+from wam_diff_core.codec import ParseError, parse_trajectory  # noqa: E402
+from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
+from wam_diff_core.eval.l2 import l2_per_sample  # noqa: E402
+
+STRATEGY, THRESHOLD = "low_confidence_dynamic", 0.9
+DRAWS = 2000
+LEVEL = 0.95
+
+
+def parse_model(spec: str) -> tuple[str, str]:
+    label, sep, path = spec.partition("=")
+    if not sep or not label or not path:
+        raise SystemExit(f"{spec!r}: expected LABEL=CHECKPOINT_DIR")
+    if not Path(path).is_dir():
+        raise SystemExit(f"{spec!r}: checkpoint directory {path} not found")
+    return label, path
+
+
+def slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in label).strip("_").lower()
+
+
+def errors_by_id(split: Path, predictions: Path) -> tuple[dict, list[str]]:
+    """id -> (NUM_WAYPOINTS,) L2 errors of each parsable planning prediction; the ids that do not parse."""
+    samples = {s["id"]: s for s in json.loads(split.read_text()) if s.get("task") == "planning"}
+    errs, invalid = {}, []
+    for line in predictions.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        plan = parse_trajectory(row["text"])
+        if isinstance(plan, ParseError):
+            invalid.append(row["id"])
+            continue
+        gt = parse_trajectory(samples[row["id"]]["conversations"][1]["value"])
+        errs[row["id"]] = l2_per_sample(plan, gt)[0]
+    return errs, invalid
+
+
+def interval(values: np.ndarray) -> list[float]:
+    lo, hi = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return [float(lo), float(hi)]
+
+
+def verdict(ci: list[float], bound: float) -> str:
+    return "within" if ci[1] <= bound else "outside" if ci[0] > bound else "undecided"
+
+
+def compare(errors: list[np.ndarray], bound: float, seed: int = 0) -> list[dict]:
+    """errors: per model (N, NUM_WAYPOINTS) on the same N plans, the first the reference."""
+    n = errors[0].shape[0]
+    draws = np.random.default_rng(seed).integers(0, n, size=(DRAWS, n))
+    ref = errors[0].mean(-1)[draws].mean(-1)  # (DRAWS,) the reference's mean L2 per draw
+    rows = []
+    for e in errors:
+        per_plan = e.mean(-1)
+        boot = per_plan[draws].mean(-1)
+        horizon_boot = e[draws].mean(1)  # (DRAWS, NUM_WAYPOINTS)
+        gap = boot / ref - 1.0
+        gap_ci = interval(gap)
+        rows.append({"l2_mean": float(per_plan.mean()), "l2_mean_ci": interval(boot),
+                     "per_horizon": e.mean(0).tolist(),
+                     "per_horizon_ci": [interval(horizon_boot[:, h]) for h in range(e.shape[1])],
+                     "gap": float(per_plan.mean() / errors[0].mean() - 1.0), "gap_ci": gap_ci,
+                     "verdict": verdict(gap_ci, bound)})
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [f"{result['plans']} planning samples of {result['data']} (paired across models; 95 % bootstrap "
+             f"intervals, {DRAWS} draws); reference: {result['reference']}; bound: +{100 * result['bound']:.0f} %", "",
+             "| model | B | L2 1s | L2 2s | L2 3s | L2 4s | L2 mean | 95 % | gap to reference | 95 % | within bound |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    per_s = round(1.0 / WAYPOINT_DT_S)
+    for m in result["models"]:
+        h = m["per_horizon"]
+        cols = [f"{h[per_s * t - 1]:.2f}" for t in (1, 2, 3, 4)]
+        lo, hi = m["l2_mean_ci"]
+        glo, ghi = m["gap_ci"]
+        ref = m["label"] == result["reference"]
+        lines.append(f"| {m['label']} | {m['block_size']} | {' | '.join(cols)} | {m['l2_mean']:.2f} | {lo:.2f}-{hi:.2f} | "
+                     + ("- | - | - |" if ref else f"{100 * m['gap']:+.1f} % | {100 * glo:+.1f} to {100 * ghi:+.1f} % | "
+                                                   f"{m['verdict']} |"))
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = (np.arange(NUM_WAYPOINTS) + 1) * WAYPOINT_DT_S
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in result["models"]:
+        ci = np.asarray(m["per_horizon_ci"])
+        ax.plot(t, m["per_horizon"], marker="o", label=f"{m['label']} (B = {m['block_size']})")
+        ax.fill_between(t, ci[:, 0], ci[:, 1], alpha=0.2)
+    ax.set_xlabel("horizon (s)")
+    ax.set_ylabel("L2 (m)")
+    ax.set_title(f"planning L2 on {result['plans']} validation plans (95 % bands)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR, the first the reference")
+    p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--steps", type=int, default=4, help="denoising steps per block (B = 1: one per token)")
+    p.add_argument("--number-order", choices=("on", "off"), default="on")
+    p.add_argument("--bound", type=float, default=0.05, help="relative gap bound (0.05: within 5 %%)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", action="store_true", help="reuse predictions already in OUT/predictions")
+    args = p.parse_args(argv)
+    from wam_diff_core.model.checkpoint import load_model
+
+    models = [parse_model(m) for m in args.models]
+    if len({label for label, _ in models}) != len(models):
+        raise SystemExit("model labels must differ")
+    out, split = Path(args.out), Path(args.data)
+    rows, errors, common = [], [], None
+    for label, path in models:
+        loaded = load_model(path)
+        B = loaded.settings.trained_block_size
+        pred_path = out / "predictions" / f"{slug(label)}_planning.jsonl"
+        if not (args.resume and pred_path.is_file()):
+            examples = load_split(split, loaded, "planning", args.samples)
+            cfg = decoder_config(B, args.steps, STRATEGY, THRESHOLD, 128, args.number_order == "on")
+            decoded = decode_examples(loaded, examples, cfg, desc=label)
+            write_predictions(pred_path, decoded)
+        errs, invalid = errors_by_id(split, pred_path)
+        rows.append({"label": label, "path": path, "block_size": B, "invalid": len(invalid), "predictions": str(pred_path)})
+        errors.append(errs)
+        common = set(errs) if common is None else common & set(errs)
+    ids = sorted(common)
+    if not ids:
+        raise SystemExit("no plan parses for every model")
+    stats = compare([np.stack([e[i] for i in ids]) for e in errors], args.bound)
+    result = {"data": str(split), "plans": len(ids), "reference": models[0][0], "bound": args.bound,
+              "decoding": {"steps": args.steps, "strategy": STRATEGY, "threshold": THRESHOLD,
+                           "number_order": args.number_order == "on"},
+              "models": [r | s for r, s in zip(rows, stats)]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "l2_gap.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
+    (out / "l2_gap.md").write_text(table)
+    plot(result, out / "l2_gap.png")
+    print(table)
+    print(f"written: {out / 'l2_gap.json'}, {out / 'l2_gap.md'}, {out / 'l2_gap.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""scripts/l2_gap.py: paired planning L2 of several models with bootstrap intervals of the gap to a reference."""
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from wam_diff_core.codec import format_trajectory
+from wam_diff_core.eval.l2 import l2_per_horizon, l2_per_sample
+from wam_diff_core.model.checkpoint import load_model, save_model
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("l2_gap", REPO / "scripts" / "l2_gap.py")
+gap = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gap)
+
+
+def test_per_sample_errors_average_to_the_per_horizon_errors():
+    rng = np.random.default_rng(0)
+    pred, gt = rng.normal(size=(5, 8, 2)), rng.normal(size=(5, 8, 2))
+    per = l2_per_sample(pred, gt)
+    assert per.shape == (5, 8)
+    np.testing.assert_allclose(per[2, 3], np.hypot(*(pred[2, 3] - gt[2, 3])))
+    np.testing.assert_allclose(per.mean(0), l2_per_horizon(pred, gt))
+    assert l2_per_sample(pred[0], gt[0]).shape == (1, 8)
+    with pytest.raises(ValueError, match="shape"):
+        l2_per_sample(pred[:, :4], gt[:, :4])
+
+
+def test_gap_intervals_and_verdicts():
+    rng = np.random.default_rng(1)
+    ref = rng.uniform(1.0, 3.0, size=(400, 8))
+    same, worse = ref.copy(), ref * 1.2
+    noisy = ref * rng.uniform(0.7, 1.4, size=(400, 1))  # +5 % on average, wide spread
+    rows = gap.compare([ref, same, worse, noisy], bound=0.05)
+    assert rows[1]["gap"] == pytest.approx(0.0) and rows[1]["gap_ci"] == pytest.approx([0.0, 0.0])
+    assert rows[1]["verdict"] == "within"
+    assert rows[2]["gap"] == pytest.approx(0.2) and rows[2]["gap_ci"] == pytest.approx([0.2, 0.2])
+    assert rows[2]["verdict"] == "outside"
+    lo, hi = rows[3]["gap_ci"]
+    assert lo < rows[3]["gap"] < hi and lo < 0.05 < hi and rows[3]["verdict"] == "undecided"
+    assert rows[0]["l2_mean"] == pytest.approx(ref.mean())
+    assert rows[0]["l2_mean_ci"][0] < ref.mean() < rows[0]["l2_mean_ci"][1]
+    assert len(rows[0]["per_horizon_ci"]) == 8
+
+
+def _split(root: Path, n: int = 3) -> Path:
+    from wam_diff_core.prompts import planning_prompt
+    from wam_diff_core.types import EgoState
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(2)
+    samples = []
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (32, 64, 3), dtype=np.uint8)).save(root / f"f{i}.png")
+        traj = np.stack([np.arange(1, 9) * (i + 1.0), np.zeros(8)], axis=1)
+        samples.append({"id": f"p{i}", "datasource": "toy", "task": "planning", "image": [f"f{i}.png"],
+                        "conversations": [{"from": "human", "value": "<image>\n" + planning_prompt(EgoState(2.0 * i), "follow lane")},
+                                          {"from": "gpt", "value": format_trajectory(traj, "fixed")}]})
+    path = root / "val.json"
+    path.write_text(json.dumps(samples))
+    return path
+
+
+def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_path, capsys):
+    fixed = load_model(nano_ckpt)
+    fixed.settings = dataclasses.replace(fixed.settings, trajectory_format="fixed")
+    save_model(fixed, tmp_path / "fixed")
+    split, out = _split(tmp_path / "data"), tmp_path / "gap"
+    args = ["--data", str(split), "--samples", "3", "--out", str(out), f"a={tmp_path / 'fixed'}", f"b={tmp_path / 'fixed'}"]
+    assert gap.main(args) == 0
+    result = json.loads((out / "l2_gap.json").read_text())
+    a, b = result["models"]
+    assert result["reference"] == "a" and result["plans"] == 3 and a["invalid"] == b["invalid"] == 0  # the grammar
+    assert b["gap"] == pytest.approx(0.0) and b["verdict"] == "within"  # one model twice: the same plans
+    assert (out / "l2_gap.png").stat().st_size > 0 and "| b | 1 |" in (out / "l2_gap.md").read_text()
+
+    # --resume scores the predictions it finds: a hand-written plan for each id, exact errors
+    rows = [json.loads(l) for l in (out / "predictions" / "b_planning.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["text"] = format_trajectory(np.stack([np.arange(1, 9) * (int(row["id"][1:]) + 1.0), np.full(8, 3.0)], axis=1))
+    (out / "predictions" / "b_planning.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert gap.main(args + ["--resume"]) == 0
+    b = json.loads((out / "l2_gap.json").read_text())["models"][1]
+    assert b["per_horizon"] == pytest.approx([3.0] * 8)  # 3 m to the side at every horizon
+    assert b["l2_mean"] == pytest.approx(3.0)
+
+
+def test_bad_model_arguments_exit_naming_them(tmp_path):
+    with pytest.raises(SystemExit, match="expected LABEL=CHECKPOINT_DIR"):
+        gap.main(["--data", "x.json", "--out", str(tmp_path), "nolabel"])
+    with pytest.raises(SystemExit, match="not found"):
+        gap.main(["--data", "x.json", "--out", str(tmp_path), f"a={tmp_path / 'missing'}"])
