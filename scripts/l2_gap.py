@@ -47,9 +47,14 @@ def slug(label: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in label).strip("_").lower()
 
 
-def errors_by_id(split: Path, predictions: Path) -> tuple[dict, list[str]]:
+def ground_truth(split: Path) -> dict:
+    """id -> (NUM_WAYPOINTS, 2) reference trajectory of every planning sample of a split."""
+    return {s["id"]: parse_trajectory(s["conversations"][1]["value"])
+            for s in json.loads(split.read_text()) if s.get("task") == "planning"}
+
+
+def errors_by_id(truth: dict, predictions: Path) -> tuple[dict, list[str]]:
     """id -> (NUM_WAYPOINTS,) L2 errors of each parsable planning prediction; the ids that do not parse."""
-    samples = {s["id"]: s for s in json.loads(split.read_text()) if s.get("task") == "planning"}
     errs, invalid = {}, []
     for line in predictions.read_text().splitlines():
         if not line.strip():
@@ -59,8 +64,7 @@ def errors_by_id(split: Path, predictions: Path) -> tuple[dict, list[str]]:
         if isinstance(plan, ParseError):
             invalid.append(row["id"])
             continue
-        gt = parse_trajectory(samples[row["id"]]["conversations"][1]["value"])
-        errs[row["id"]] = l2_per_sample(plan, gt)[0]
+        errs[row["id"]] = l2_per_sample(plan, truth[row["id"]])[0]
     return errs, invalid
 
 
@@ -150,6 +154,7 @@ def main(argv=None) -> int:
     if len({label for label, _ in models}) != len(models):
         raise SystemExit("model labels must differ")
     out, split = Path(args.out), Path(args.data)
+    truth = ground_truth(split)
     rows, errors, common = [], [], None
     for label, path in models:
         loaded = load_model(path)
@@ -160,7 +165,7 @@ def main(argv=None) -> int:
             cfg = decoder_config(B, args.steps, STRATEGY, THRESHOLD, 128, args.number_order == "on")
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
-        errs, invalid = errors_by_id(split, pred_path)
+        errs, invalid = errors_by_id(truth, pred_path)
         rows.append({"label": label, "path": path, "block_size": B, "invalid": len(invalid), "predictions": str(pred_path)})
         errors.append(errs)
         common = set(errs) if common is None else common & set(errs)
