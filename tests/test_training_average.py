@@ -94,3 +94,10 @@ def test_bad_weights_name_the_value(text, n, message):
         parse_weights(text, n)
     assert parse_weights("1,3", 2) == [0.25, 0.75]
     assert parse_weights(None, 4) == [0.25] * 4
+
+
+def test_average_scales_its_weights_and_refuses_bad_ones(nano_ckpt, tmp_path):
+    out = average([nano_ckpt, nano_ckpt], tmp_path / "scaled", weights=[2.0, 6.0])
+    assert [s["weight"] for s in json.loads((out / AVERAGE_FILE).read_text())["sources"]] == [0.25, 0.75]
+    with pytest.raises(AverageError, match=r"weights \[1.0\]: 1 values for 2"):
+        average([nano_ckpt, nano_ckpt], tmp_path / "x", weights=[1.0])

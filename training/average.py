@@ -29,20 +29,29 @@ class AverageError(ValueError):
     """Sources that cannot be averaged, or bad weights (the message names which and why)."""
 
 
+def normalised(weights: Optional[Sequence[float]], n: int, text: Optional[str] = None) -> list[float]:
+    """n non-negative weights with a positive sum -> scaled to sum 1; None -> uniform. `text`: how the user
+    wrote them, for the error."""
+    if weights is None:
+        return [1.0 / n] * n
+    shown = repr(text) if text is not None else list(weights)
+    if len(weights) != n:
+        raise AverageError(f"weights {shown}: {len(weights)} values for {n} checkpoints")
+    if any(not w >= 0 for w in weights) or sum(weights) <= 0:
+        raise AverageError(f"weights {shown}: expected non-negative numbers with a positive sum")
+    total = sum(weights)
+    return [float(w) / total for w in weights]
+
+
 def parse_weights(text: Optional[str], n: int) -> list[float]:
     """'0.5,0.25,0.25' -> weights normalised to sum 1; None -> uniform."""
     if text is None:
-        return [1.0 / n] * n
+        return normalised(None, n)
     try:
         raw = [float(w) for w in text.split(",")]
     except ValueError as exc:
         raise AverageError(f"weights {text!r}: expected comma-separated numbers") from exc
-    if len(raw) != n:
-        raise AverageError(f"weights {text!r}: {len(raw)} values for {n} checkpoints")
-    if any(not w >= 0 for w in raw) or sum(raw) <= 0:
-        raise AverageError(f"weights {text!r}: expected non-negative numbers with a positive sum")
-    total = sum(raw)
-    return [w / total for w in raw]
+    return normalised(raw, n, text)
 
 
 def _identity(loaded: LoadedModel) -> dict:
@@ -84,13 +93,12 @@ def _frame_size(sizes: list, sources: list[Path]):
 
 
 def average(sources: Sequence[str | Path], dst: str | Path, weights: Optional[Sequence[float]] = None) -> Path:
-    """Write the weighted parameter average of `sources` to `dst`; returns `dst`."""
+    """Write the weighted parameter average of `sources` to `dst` (weights scaled to sum 1; default uniform);
+    returns `dst`."""
     sources = [Path(s) for s in sources]
     if len(sources) < 2:
         raise AverageError(f"average needs at least two checkpoints, got {len(sources)}")
-    weights = list(weights) if weights is not None else [1.0 / len(sources)] * len(sources)
-    if len(weights) != len(sources) or abs(sum(weights) - 1.0) > 1e-6 or min(weights) < 0:
-        raise AverageError(f"weights {weights}: expected {len(sources)} non-negative numbers summing to 1")
+    weights = normalised(None if weights is None else list(weights), len(sources))
     first = load_model(sources[0], dtype=torch.float32)
     first_state = first.model.state_dict()
     acc = {k: v.detach().to(torch.float64) * weights[0] for k, v in first_state.items()}
