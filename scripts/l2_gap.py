@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.report.open_loop import decode_examples, decoder_config, load_split, write_predictions  # noqa: E402
+from training.report.spec import slugify  # noqa: E402
 from wam_diff_core.codec import ParseError, parse_trajectory  # noqa: E402
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
 from wam_diff_core.eval.l2 import l2_per_sample  # noqa: E402
@@ -41,10 +42,6 @@ def parse_model(spec: str) -> tuple[str, str]:
     if not Path(path).is_dir():
         raise SystemExit(f"{spec!r}: checkpoint directory {path} not found")
     return label, path
-
-
-def slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in label).strip("_").lower()
 
 
 def ground_truth(split: Path) -> dict:
@@ -159,7 +156,7 @@ def main(argv=None) -> int:
     for label, path in models:
         loaded = load_model(path)
         B = loaded.settings.trained_block_size
-        pred_path = out / "predictions" / f"{slug(label)}_planning.jsonl"
+        pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
         if not (args.resume and pred_path.is_file()):
             examples = load_split(split, loaded, "planning", args.samples)
             cfg = decoder_config(B, args.steps, STRATEGY, THRESHOLD, 128, args.number_order == "on")

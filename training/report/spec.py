@@ -41,6 +41,11 @@ class SpecError(ValueError):
     """The report spec is unusable; the message names the key."""
 
 
+def slugify(name: str) -> str:
+    """A model name as a file name: non-alphanumerics to "_", lower case (report cache and prediction files)."""
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_").lower()
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
@@ -53,7 +58,7 @@ class ModelEntry:
 
     @property
     def slug(self) -> str:
-        return "".join(c if c.isalnum() else "_" for c in self.name).strip("_").lower()
+        return slugify(self.name)
 
 
 @dataclass(frozen=True)
