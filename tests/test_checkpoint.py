@@ -131,6 +131,15 @@ def test_save_model_with_an_explicit_state_dict_writes_those_weights(nano, tmp_p
     assert not (tmp_path / ".explicit.old").exists()
 
 
+def test_save_model_writes_extra_files_inside_the_atomic_directory(nano, tmp_path):
+    path = save_model(nano, tmp_path / "with_record", extra_files={"record.json": '{"a": 1}\n'})
+    assert json.loads((path / "record.json").read_text()) == {"a": 1}
+    # a record that cannot be written leaves no model behind (nor a half-written temporary directory)
+    with pytest.raises(FileNotFoundError):
+        save_model(nano, tmp_path / "broken", extra_files={"missing_dir/record.json": "{}"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["with_record"]
+
+
 def test_decoding_defaults_follow_the_trained_block_size_and_drive_the_policy(tmp_path):
     from wam_diff_core.model.checkpoint import build_preset, load_model, save_model
     from wam_diff_core.policy import DrivingPolicy, PolicyConfig

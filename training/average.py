@@ -119,8 +119,6 @@ def average(sources: Sequence[str | Path], dst: str | Path, weights: Optional[Se
     frame_size = _frame_size(frame_sizes, sources)
     first.settings = dataclasses.replace(first.settings, frame_size=frame_size)
     first.model.config.dtype = torch.float32
-    out = save_model(first, dst)
     record = {"sources": [{"path": str(s), "weight": w, "param_digest": d} for s, w, d in zip(sources, weights, digests)],
               "param_digest": param_digest(first.model.state_dict())}
-    (out / AVERAGE_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return out
+    return save_model(first, dst, extra_files={AVERAGE_FILE: json.dumps(record, indent=2) + "\n"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 from safetensors import safe_open
@@ -144,11 +144,14 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     return LoadedModel(model, processor, settings, name=str(path))
 
 
-def save_model(loaded: LoadedModel, path: str | Path, state_dict: Optional[dict] = None) -> Path:
+def save_model(loaded: LoadedModel, path: str | Path, state_dict: Optional[dict] = None,
+               extra_files: Optional[Mapping[str, str]] = None) -> Path:
     """Write model (safetensors), processor and settings atomically: a temporary directory, then rename.
 
     `state_dict`: full weights to write instead of the module's own (e.g. gathered from a sharded
-    model); with tied embeddings its `lm_head.weight` copy is dropped, as save_pretrained does."""
+    model); with tied embeddings its `lm_head.weight` copy is dropped, as save_pretrained does.
+    `extra_files`: file name -> text written into the same directory before the rename (a record that
+    must not be missing from a model that exists)."""
     model = loaded.model
     if state_dict is not None and model.get_output_embeddings().weight is model.get_input_embeddings().weight:
         state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
@@ -157,6 +160,8 @@ def save_model(loaded: LoadedModel, path: str | Path, state_dict: Optional[dict]
         if loaded.processor is not None:
             loaded.processor.save_pretrained(tmp)
         loaded.settings.save(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
     return Path(path)
 
 
