@@ -25,14 +25,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.report.open_loop import decode_examples, decoder_config, load_split, write_predictions  # noqa: E402
+from training.report.l2_gap import BOUND, DRAWS, compare, errors_by_id, ground_truth  # noqa: E402
 from training.report.spec import slugify  # noqa: E402
-from wam_diff_core.codec import ParseError, parse_trajectory  # noqa: E402
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
-from wam_diff_core.eval.l2 import l2_per_sample  # noqa: E402
 
 STRATEGY, THRESHOLD = "low_confidence_dynamic", 0.9
-DRAWS = 2000
-LEVEL = 0.95
 
 
 def parse_model(spec: str) -> tuple[str, str]:
@@ -42,56 +39,6 @@ def parse_model(spec: str) -> tuple[str, str]:
     if not Path(path).is_dir():
         raise SystemExit(f"{spec!r}: checkpoint directory {path} not found")
     return label, path
-
-
-def ground_truth(split: Path) -> dict:
-    """id -> (NUM_WAYPOINTS, 2) reference trajectory of every planning sample of a split."""
-    return {s["id"]: parse_trajectory(s["conversations"][1]["value"])
-            for s in json.loads(split.read_text()) if s.get("task") == "planning"}
-
-
-def errors_by_id(truth: dict, predictions: Path) -> tuple[dict, list[str]]:
-    """id -> (NUM_WAYPOINTS,) L2 errors of each parsable planning prediction; the ids that do not parse."""
-    errs, invalid = {}, []
-    for line in predictions.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        plan = parse_trajectory(row["text"])
-        if isinstance(plan, ParseError):
-            invalid.append(row["id"])
-            continue
-        errs[row["id"]] = l2_per_sample(plan, truth[row["id"]])[0]
-    return errs, invalid
-
-
-def interval(values: np.ndarray) -> list[float]:
-    lo, hi = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    return [float(lo), float(hi)]
-
-
-def verdict(ci: list[float], bound: float) -> str:
-    return "within" if ci[1] <= bound else "outside" if ci[0] > bound else "undecided"
-
-
-def compare(errors: list[np.ndarray], bound: float, seed: int = 0) -> list[dict]:
-    """errors: per model (N, NUM_WAYPOINTS) on the same N plans, the first the reference."""
-    n = errors[0].shape[0]
-    draws = np.random.default_rng(seed).integers(0, n, size=(DRAWS, n))
-    ref = errors[0].mean(-1)[draws].mean(-1)  # (DRAWS,) the reference's mean L2 per draw
-    rows = []
-    for e in errors:
-        per_plan = e.mean(-1)
-        boot = per_plan[draws].mean(-1)
-        horizon_boot = e[draws].mean(1)  # (DRAWS, NUM_WAYPOINTS)
-        gap = boot / ref - 1.0
-        gap_ci = interval(gap)
-        rows.append({"l2_mean": float(per_plan.mean()), "l2_mean_ci": interval(boot),
-                     "per_horizon": e.mean(0).tolist(),
-                     "per_horizon_ci": [interval(horizon_boot[:, h]) for h in range(e.shape[1])],
-                     "gap": float(per_plan.mean() / errors[0].mean() - 1.0), "gap_ci": gap_ci,
-                     "verdict": verdict(gap_ci, bound)})
-    return rows
 
 
 def markdown(result: dict) -> str:
@@ -141,7 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--steps", type=int, default=4, help="denoising steps per block (B = 1: one per token)")
     p.add_argument("--number-order", choices=("on", "off"), default="on")
-    p.add_argument("--bound", type=float, default=0.05, help="relative gap bound (0.05: within 5 %%)")
+    p.add_argument("--bound", type=float, default=BOUND, help="relative gap bound (0.05: within 5 %%)")
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="reuse predictions already in OUT/predictions")
     args = p.parse_args(argv)

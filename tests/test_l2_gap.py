@@ -10,6 +10,7 @@ from PIL import Image
 
 from wam_diff_core.codec import format_trajectory
 from wam_diff_core.eval.l2 import l2_per_horizon, l2_per_sample
+from training.report.l2_gap import compare
 from wam_diff_core.model.checkpoint import load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def test_gap_intervals_and_verdicts():
     ref = rng.uniform(1.0, 3.0, size=(400, 8))
     same, worse = ref.copy(), ref * 1.2
     noisy = ref * rng.uniform(0.7, 1.4, size=(400, 1))  # +5 % on average, wide spread
-    rows = gap.compare([ref, same, worse, noisy], bound=0.05)
+    rows = compare([ref, same, worse, noisy], bound=0.05)
     assert rows[1]["gap"] == pytest.approx(0.0) and rows[1]["gap_ci"] == pytest.approx([0.0, 0.0])
     assert rows[1]["verdict"] == "within"
     assert rows[2]["gap"] == pytest.approx(0.2) and rows[2]["gap_ci"] == pytest.approx([0.2, 0.2])
@@ -94,3 +95,51 @@ def test_bad_model_arguments_exit_naming_them(tmp_path):
         gap.main(["--data", "x.json", "--out", str(tmp_path), "nolabel"])
     with pytest.raises(SystemExit, match="not found"):
         gap.main(["--data", "x.json", "--out", str(tmp_path), f"a={tmp_path / 'missing'}"])
+
+
+def _predictions(path: Path, side: float, n: int = 3, broken: tuple = ()) -> Path:
+    """Plans 'side' metres beside each reference trajectory of _split (ids in `broken`: garbage text)."""
+    rows = [{"id": f"p{i}", "text": "not a plan" if f"p{i}" in broken else
+             format_trajectory(np.stack([np.arange(1, 9) * (i + 1.0), np.full(8, side)], axis=1))} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_gap_to_reference_pairs_the_plans_both_models_parse(tmp_path):
+    from training.report.l2_gap import gap_to_reference
+
+    split = _split(tmp_path / "data")
+    ref = _predictions(tmp_path / "ref.jsonl", 1.0)
+    worse = _predictions(tmp_path / "worse.jsonl", 1.5, broken=("p1",))
+    gap = gap_to_reference(split, ref, worse)
+    assert gap["plans"] == 2 and gap["gap"] == pytest.approx(0.5) and gap["gap_ci"] == pytest.approx([0.5, 0.5])
+    assert gap["verdict"] == "outside" and gap["bound"] == 0.05
+    assert gap_to_reference(split, ref, ref)["verdict"] == "within"
+    none = _predictions(tmp_path / "none.jsonl", 1.0, broken=("p0", "p1", "p2"))
+    assert gap_to_reference(split, ref, none) is None
+
+
+def test_report_rows_show_the_gap_to_their_ar_model(tmp_path):
+    from types import SimpleNamespace
+
+    from training.report import Report
+    from training.report.table import COLUMNS, render
+
+    split = _split(tmp_path / "data")
+
+    def model(name, B, params, side):
+        path = _predictions(tmp_path / f"{name}.jsonl", side)
+        return {"name": name, "block_size": B, "parameters": params,
+                "open_loop": {"planning": {"predictions": str(path), "samples": 3, "steps": 1}}}
+
+    models = [model("big AR", 1, 20, 0.5), model("AR", 1, 7, 1.0), model("B32", 32, 7, 1.2), model("big B32", 32, 20, 1.0)]
+    Report.add_l2_gaps(SimpleNamespace(spec=SimpleNamespace(data={"planning": str(split)})), models)
+    assert "l2_gap" not in models[0] and "l2_gap" not in models[1]  # AR rows are the references
+    assert models[2]["l2_gap"]["reference"] == "AR" and models[2]["l2_gap"]["gap"] == pytest.approx(0.2)
+    assert models[3]["l2_gap"]["reference"] == "big AR" and models[3]["l2_gap"]["gap"] == pytest.approx(1.0)
+    md = render({"spec": "s.yaml", "machine": "cpu", "written": "now", "decoding": {"strategy": "x", "threshold": 0.9},
+                 "models": models})
+    row = next(line for line in md.splitlines() if line.startswith("| B32 |")).split(" | ")
+    assert row[COLUMNS.index("L2 vs AR (95 %)")] == "+20.0 % (+20.0 to +20.0)"
+    ar_row = next(line for line in md.splitlines() if line.startswith("| AR |")).split(" | ")
+    assert ar_row[COLUMNS.index("L2 vs AR (95 %)")] == "-"

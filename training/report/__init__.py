@@ -252,6 +252,25 @@ class Report:
         self._write(path, result)
         return result
 
+    def add_l2_gaps(self, models: list) -> None:
+        """Each B > 1 model's paired planning L2 gap to its AR reference (`table.ar_reference`), from the
+        prediction files both wrote (plans drawn alike: the same evenly spaced samples)."""
+        from .l2_gap import gap_to_reference
+        from .table import ar_reference
+
+        def predictions(m):
+            plan = (m.get("open_loop") or {}).get("planning") or {}
+            path = plan.get("predictions")
+            return Path(path) if path and Path(path).is_file() else None
+
+        for m in models:
+            ref = ar_reference(models, m, predictions) if m.get("block_size") != 1 else None
+            gap = None
+            if ref is not None and predictions(m) is not None:
+                gap = gap_to_reference(Path(self.spec.data["planning"]), predictions(ref), predictions(m))
+            if gap is not None:
+                m["l2_gap"] = {"reference": ref["name"]} | gap
+
     def _write(self, path: Path, obj: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(obj, indent=2))
@@ -265,6 +284,7 @@ class Report:
             raise SpecError("sweeps need data.planning")
         t0 = time.perf_counter()
         models = [self.evaluate_model(m) for m in self.spec.models]
+        self.add_l2_gaps(models)
         baselines = {}
         if self.closed_loop:
             for name in self.spec.baselines:

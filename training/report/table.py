@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-COLUMNS = ("model", "B", "K", "L2 1s", "L2 2s", "L2 3s", "L2 4s", "L2 mean", "unparsable", "PDMS",
+COLUMNS = ("model", "B", "K", "L2 1s", "L2 2s", "L2 3s", "L2 4s", "L2 mean", "unparsable", "L2 vs AR (95 %)", "PDMS",
            "DS", "DS held-out", "SR %", "traffic response", "mAP", "QA acc %", "tokens/s", "x AR", "fwd/token", "top-5 vs teacher")
 
 
@@ -16,6 +16,22 @@ def number_order_text(decoding: dict) -> str:
 
 def _f(value: Optional[float], digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def ar_reference(models: list, m: dict, usable) -> Optional[dict]:
+    """The AR model a row is compared with: the first B = 1 model for which `usable` holds and of the
+    same parameter count as `m` (nano-S AR for nano-S rows), else the first usable B = 1 model."""
+    ars = [a for a in models if a.get("block_size") == 1 and usable(a)]
+    same = [a for a in ars if a.get("parameters") == m.get("parameters")]
+    return (same or ars or [None])[0]
+
+
+def gap_text(gap: Optional[dict]) -> str:
+    """'+5.6 % (-4.7 to +17.8)' from a training.report.l2_gap.gap_to_reference result."""
+    if not gap:
+        return "-"
+    lo, hi = gap["gap_ci"]
+    return f"{100 * gap['gap']:+.1f} % ({100 * lo:+.1f} to {100 * hi:+.1f})"
 
 
 def model_row(r: dict, ar_tokens_per_s: Optional[float], speed: Optional[dict] = None) -> list[str]:
@@ -35,7 +51,7 @@ def model_row(r: dict, ar_tokens_per_s: Optional[float], speed: Optional[dict] =
     ratio = None if (tps is None or not ar_tokens_per_s) else tps / ar_tokens_per_s
     return [r["name"], str(r.get("block_size", "-")), str(plan.get("steps", "-")),
             _f(l2.get("l2_1.0s")), _f(l2.get("l2_2.0s")), _f(l2.get("l2_3.0s")), _f(l2.get("l2_4.0s")),
-            _f(l2.get("l2_mean")), invalid or "-", _f(pdm if pdm is None else 100.0 * pdm, 1),
+            _f(l2.get("l2_mean")), invalid or "-", gap_text(r.get("l2_gap")), _f(pdm if pdm is None else 100.0 * pdm, 1),
             _f(cl.get("driving_score"), 1), _f(cl.get("held_out_driving_score"), 1), _f(cl.get("success_rate"), 1),
             _f(((r.get("sensitivity") or {}).get("all") or {}).get("response")),
             _f(det if det is None else 100.0 * det, 1), _f(qa, 1), _f(tps, 0), _f(ratio, 2),
@@ -84,16 +100,9 @@ def render(report: dict) -> str:
     def tps(m):
         return (speed.get(m["name"]) or {}).get("tokens_per_s") or (m.get("open_loop", {}).get("planning") or {}).get("tokens_per_s")
 
-    # the speed-up reference: the first B = 1 model of the same size as the row (nano-S AR for nano-S rows)
-    ars = [m for m in models if m.get("block_size") == 1 and tps(m)]
-
-    def reference(m):
-        same = [a for a in ars if a.get("parameters") == m.get("parameters")]
-        return (same or ars or [None])[0]
-
     rows = []
     for m in models:
-        ref = reference(m)
+        ref = ar_reference(models, m, tps)
         rows.append(model_row(m, tps(ref) if ref else None, speed.get(m["name"])))
     rows += [baseline_row(name, cl) for name, cl in report.get("baselines", {}).items()]
     out = [f"# Model report\n\nSpec: `{report['spec']}`; machine: {report['machine']}; "
@@ -102,7 +111,8 @@ def render(report: dict) -> str:
            f"decoding: {report['decoding']['strategy']}, threshold {report['decoding']['threshold']}, "
            f"{number_order_text(report['decoding'])}, "
            "K = denoising steps per block (B = 1: one token per forward). L2 in metres over the plans "
-           "that parse; unparsable = plans that did not. PDMS and mAP in %. DS / SR: closed loop on "
+           "that parse; unparsable = plans that did not. L2 vs AR: the relative gap of the mean L2 to the AR model of "
+           "the same parameter count on the plans both parse, with its paired bootstrap 95 % interval. PDMS and mAP in %. DS / SR: closed loop on "
            f"{report.get('closed_loop_routes', 'the route suite')}; DS held-out: over the suite's validation-split "
            "routes, which no training data (DAgger's included) drove. Traffic response (`wam-diff sensitivity`): "
            "how much the model's 4 s waypoint comes nearer with the traffic in its frame than without, over the "
