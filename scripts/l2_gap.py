@@ -11,7 +11,9 @@ interval lies below it, "outside" when the whole interval lies above it, else "u
         "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32"
 
 Writes OUT/l2_gap.json, OUT/l2_gap.md (the table), OUT/l2_gap.png (L2 against horizon, 95 % bands) and the
-predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume).
+predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume) with each decode's clock beside them
+(<label>_planning.decode.json: K, tokens, seconds; tokens/s is each model's own pass, one after the other, not
+the report's interleaved speed pass).
 """
 from __future__ import annotations
 
@@ -44,8 +46,9 @@ def parse_model(spec: str) -> tuple[str, str]:
 def markdown(result: dict) -> str:
     lines = [f"{result['plans']} planning samples of {result['data']} (paired across models; 95 % bootstrap "
              f"intervals, {DRAWS} draws); reference: {result['reference']}; bound: +{100 * result['bound']:.0f} %", "",
-             "| model | B | L2 1s | L2 2s | L2 3s | L2 4s | L2 mean | 95 % | gap to reference | 95 % | within bound |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | B | K | L2 1s | L2 2s | L2 3s | L2 4s | L2 mean | 95 % | gap to reference | 95 % | within bound "
+             "| tokens/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     per_s = round(1.0 / WAYPOINT_DT_S)
     for m in result["models"]:
         h = m["per_horizon"]
@@ -53,9 +56,11 @@ def markdown(result: dict) -> str:
         lo, hi = m["l2_mean_ci"]
         glo, ghi = m["gap_ci"]
         ref = m["label"] == result["reference"]
-        lines.append(f"| {m['label']} | {m['block_size']} | {' | '.join(cols)} | {m['l2_mean']:.2f} | {lo:.2f}-{hi:.2f} | "
+        tps = "-" if m.get("tokens_per_s") is None else f"{m['tokens_per_s']:.0f}"
+        lines.append(f"| {m['label']} | {m['block_size']} | {m.get('steps') or '-'} | {' | '.join(cols)} | "
+                     f"{m['l2_mean']:.2f} | {lo:.2f}-{hi:.2f} | "
                      + ("- | - | - |" if ref else f"{100 * m['gap']:+.1f} % | {100 * glo:+.1f} to {100 * ghi:+.1f} % | "
-                                                   f"{m['verdict']} |"))
+                                                   f"{m['verdict']} |") + f" {tps} |")
     return "\n".join(lines) + "\n"
 
 
@@ -104,13 +109,19 @@ def main(argv=None) -> int:
         loaded = load_model(path)
         B = loaded.settings.trained_block_size
         pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
+        clock_path = pred_path.with_suffix(".decode.json")
         if not (args.resume and pred_path.is_file()):
             examples = load_split(split, loaded, "planning", args.samples)
             cfg = decoder_config(B, args.steps, STRATEGY, THRESHOLD, 128, args.number_order == "on")
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
+            clock_path.write_text(json.dumps({"steps": cfg.steps, "tokens": decoded.tokens, "seconds": decoded.seconds,
+                                              "tokens_per_s": decoded.tokens_per_s,
+                                              "forwards_per_token": decoded.forwards_per_token}, indent=2) + "\n")
+        clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
         errs, invalid = errors_by_id(truth, pred_path)
-        rows.append({"label": label, "path": path, "block_size": B, "invalid": len(invalid), "predictions": str(pred_path)})
+        rows.append({"label": label, "path": path, "block_size": B, "steps": clock.get("steps"),
+                     "tokens_per_s": clock.get("tokens_per_s"), "invalid": len(invalid), "predictions": str(pred_path)})
         errors.append(errs)
         common = set(errs) if common is None else common & set(errs)
     ids = sorted(common)

@@ -77,7 +77,8 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     a, b = result["models"]
     assert result["reference"] == "a" and result["plans"] == 3 and a["invalid"] == b["invalid"] == 0  # the grammar
     assert b["gap"] == pytest.approx(0.0) and b["verdict"] == "within"  # one model twice: the same plans
-    assert (out / "l2_gap.png").stat().st_size > 0 and "| b | 1 |" in (out / "l2_gap.md").read_text()
+    assert (out / "l2_gap.png").stat().st_size > 0 and "| b | 1 | 1 |" in (out / "l2_gap.md").read_text()
+    assert b["steps"] == 1 and b["tokens_per_s"] > 0  # B = 1: one step per token, the decode's own clock
 
     # --resume scores the predictions it finds: a hand-written plan for each id, exact errors
     rows = [json.loads(l) for l in (out / "predictions" / "b_planning.jsonl").read_text().splitlines()]
