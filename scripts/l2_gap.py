@@ -2,13 +2,13 @@
 
 The report scores 64 plans per model; whether a B = 32 model's L2 is "within 5 % of AR" needs to know how far
 that number moves with the plans drawn. This decodes the same `--samples` evenly spaced planning samples with
-every model (the report's decoding: each checkpoint's trained block size, K = `--steps`, dynamic remasking at
+every model (the report's decoding: each checkpoint's trained block size, K = `--steps` or a model's own @K, dynamic remasking at
 0.9, number order), and resamples the plans (paired: one draw of plans for all models) to give each model's mean
 L2 and its relative gap to the first model, with 95 % intervals. A gap is "within" the bound when the whole
 interval lies below it, "outside" when the whole interval lies above it, else "undecided".
 
     .venv/bin/python scripts/l2_gap.py --data runs/occ/data_plan/val.json --samples 512 --out runs/v14/l2_gap \\
-        "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32"
+        "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32" "(w) K8=models/nano-s-b32@8"
 
 Writes OUT/l2_gap.json, OUT/l2_gap.md (the table), OUT/l2_gap.png (L2 against horizon, 95 % bands) and the
 predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume) with each decode's clock beside them
@@ -30,17 +30,25 @@ from training.report.open_loop import decode_examples, decoder_config, load_spli
 from training.report.l2_gap import BOUND, DRAWS, compare, errors_by_id, ground_truth  # noqa: E402
 from training.report.spec import slugify  # noqa: E402
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
+from wam_diff_core.model.settings import steps_for_block  # noqa: E402
 
 STRATEGY, THRESHOLD = "low_confidence_dynamic", 0.9
 
 
-def parse_model(spec: str) -> tuple[str, str]:
+def parse_model(spec: str, default_steps: int) -> tuple[str, str, int]:
+    """LABEL=CHECKPOINT_DIR[@K]: K, denoising steps per block for this model (default --steps)."""
     label, sep, path = spec.partition("=")
     if not sep or not label or not path:
-        raise SystemExit(f"{spec!r}: expected LABEL=CHECKPOINT_DIR")
+        raise SystemExit(f"{spec!r}: expected LABEL=CHECKPOINT_DIR[@K]")
+    steps = default_steps
+    head, at, tail = path.rpartition("@")
+    if at and not Path(path).is_dir():
+        if not tail.isdigit() or int(tail) < 1:
+            raise SystemExit(f"{spec!r}: steps after '@' must be a positive integer, got {tail!r}")
+        path, steps = head, int(tail)
     if not Path(path).is_dir():
         raise SystemExit(f"{spec!r}: checkpoint directory {path} not found")
-    return label, path
+    return label, path, steps
 
 
 def markdown(result: dict) -> str:
@@ -88,10 +96,11 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR, the first the reference")
+    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K], the first the reference")
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=int, default=512)
-    p.add_argument("--steps", type=int, default=4, help="denoising steps per block (B = 1: one per token)")
+    p.add_argument("--steps", type=int, default=4,
+                   help="denoising steps per block for models without @K (B = 1: one per token)")
     p.add_argument("--number-order", choices=("on", "off"), default="on")
     p.add_argument("--bound", type=float, default=BOUND, help="relative gap bound (0.05: within 5 %%)")
     p.add_argument("--out", required=True)
@@ -99,28 +108,31 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from wam_diff_core.model.checkpoint import load_model
 
-    models = [parse_model(m) for m in args.models]
-    if len({label for label, _ in models}) != len(models):
+    models = [parse_model(m, args.steps) for m in args.models]
+    if len({label for label, _, _ in models}) != len(models):
         raise SystemExit("model labels must differ")
     out, split = Path(args.out), Path(args.data)
     truth = ground_truth(split)
     rows, errors, common = [], [], None
-    for label, path in models:
+    for label, path, steps in models:
         loaded = load_model(path)
         B = loaded.settings.trained_block_size
         pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
         clock_path = pred_path.with_suffix(".decode.json")
         if not (args.resume and pred_path.is_file()):
             examples = load_split(split, loaded, "planning", args.samples)
-            cfg = decoder_config(B, args.steps, STRATEGY, THRESHOLD, 128, args.number_order == "on")
+            cfg = decoder_config(B, steps, STRATEGY, THRESHOLD, 128, args.number_order == "on")
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
             clock_path.write_text(json.dumps({"steps": cfg.steps, "tokens": decoded.tokens, "seconds": decoded.seconds,
                                               "tokens_per_s": decoded.tokens_per_s,
                                               "forwards_per_token": decoded.forwards_per_token}, indent=2) + "\n")
         clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
+        if clock.get("steps", steps_for_block(B, steps)) != steps_for_block(B, steps):
+            raise SystemExit(f"{label}: {pred_path} was decoded with K = {clock['steps']}, asked for "
+                             f"K = {steps_for_block(B, steps)}; use another label or --out")
         errs, invalid = errors_by_id(truth, pred_path)
-        rows.append({"label": label, "path": path, "block_size": B, "steps": clock.get("steps"),
+        rows.append({"label": label, "path": path, "block_size": B, "steps": steps_for_block(B, steps),
                      "tokens_per_s": clock.get("tokens_per_s"), "invalid": len(invalid), "predictions": str(pred_path)})
         errors.append(errs)
         common = set(errs) if common is None else common & set(errs)
@@ -129,7 +141,7 @@ def main(argv=None) -> int:
         raise SystemExit("no plan parses for every model")
     stats = compare([np.stack([e[i] for i in ids]) for e in errors], args.bound)
     result = {"data": str(split), "plans": len(ids), "reference": models[0][0], "bound": args.bound,
-              "decoding": {"steps": args.steps, "strategy": STRATEGY, "threshold": THRESHOLD,
+              "decoding": {"strategy": STRATEGY, "threshold": THRESHOLD,
                            "number_order": args.number_order == "on"},
               "models": [r | s for r, s in zip(rows, stats)]}
     out.mkdir(parents=True, exist_ok=True)

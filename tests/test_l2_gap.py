@@ -89,9 +89,17 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     b = json.loads((out / "l2_gap.json").read_text())["models"][1]
     assert b["per_horizon"] == pytest.approx([3.0] * 8)  # 3 m to the side at every horizon
     assert b["l2_mean"] == pytest.approx(3.0)
+    # a resumed file decoded with another K is refused, not mislabelled
+    (out / "predictions" / "b_planning.decode.json").write_text(json.dumps({"steps": 4}))
+    with pytest.raises(SystemExit, match="decoded with K = 4, asked for K = 1"):
+        gap.main(args + ["--resume"])
 
 
 def test_bad_model_arguments_exit_naming_them(tmp_path):
+    assert gap.parse_model(f"a={tmp_path}@8", 4) == ("a", str(tmp_path), 8)
+    assert gap.parse_model(f"a={tmp_path}", 4) == ("a", str(tmp_path), 4)
+    with pytest.raises(SystemExit, match="positive integer, got 'x'"):
+        gap.parse_model(f"a={tmp_path}@x", 4)
     with pytest.raises(SystemExit, match="expected LABEL=CHECKPOINT_DIR"):
         gap.main(["--data", "x.json", "--out", str(tmp_path), "nolabel"])
     with pytest.raises(SystemExit, match="not found"):
