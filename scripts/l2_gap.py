@@ -2,10 +2,11 @@
 
 The report scores 64 plans per model; whether a B = 32 model's L2 is "within 5 % of AR" needs to know how far
 that number moves with the plans drawn. This decodes the same `--samples` evenly spaced planning samples with
-every model (the report's decoding: each checkpoint's trained block size, K = `--steps` or a model's own @K, dynamic remasking at
-0.9, number order), and resamples the plans (paired: one draw of plans for all models) to give each model's mean
-L2 and its relative gap to the first model, with 95 % intervals. A gap is "within" the bound when the whole
-interval lies below it, "outside" when the whole interval lies above it, else "undecided".
+every model (the report's decoding: each checkpoint's trained block size, K = `--steps` or the model's own @K,
+dynamic remasking at 0.9, number order), and resamples the plans (paired: one draw of plans for all models) to
+give each model's mean L2 and its relative gap to the first model, with 95 % intervals
+(`training.report.l2_gap`). A gap is "within" the bound when the whole interval lies below it, "outside" when
+the whole interval lies above it, else "undecided".
 
     .venv/bin/python scripts/l2_gap.py --data runs/occ/data_plan/val.json --samples 512 --out runs/v14/l2_gap \\
         "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32" "(w) K8=models/nano-s-b32@8"
