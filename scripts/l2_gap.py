@@ -2,14 +2,14 @@
 
 The report scores 64 plans per model; whether a B = 32 model's L2 is "within 5 % of AR" needs to know how far
 that number moves with the plans drawn. This decodes the same `--samples` evenly spaced planning samples with
-every model (the report's decoding: each checkpoint's trained block size, K = `--steps` or the model's own @K,
-dynamic remasking at 0.9, number order), and resamples the plans (paired: one draw of plans for all models) to
+every model (the report's decoding: each checkpoint's trained block size and K = `--steps`, or the model's own
+@K or @BxK, dynamic remasking at 0.9, number order), and resamples the plans (paired: one draw of plans for all models) to
 give each model's mean L2 and its relative gap to the first model, with 95 % intervals
 (`training.report.l2_gap`). A gap is "within" the bound when the whole interval lies below it, "outside" when
 the whole interval lies above it, else "undecided".
 
     .venv/bin/python scripts/l2_gap.py --data runs/occ/data_plan/val.json --samples 512 --out runs/v14/l2_gap \\
-        "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32" "(w) K8=models/nano-s-b32@8"
+        "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32" "(w) K8=models/nano-s-b32@8" "(w) B16=models/nano-s-b32@16x4"
 
 Writes OUT/l2_gap.json, OUT/l2_gap.md (the table), OUT/l2_gap.png (L2 against horizon, 95 % bands) and the
 predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume) with each decode's clock beside them
@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -36,20 +37,22 @@ from wam_diff_core.model.settings import steps_for_block  # noqa: E402
 STRATEGY, THRESHOLD = "low_confidence_dynamic", 0.9
 
 
-def parse_model(spec: str, default_steps: int) -> tuple[str, str, int]:
-    """LABEL=CHECKPOINT_DIR[@K]: K, denoising steps per block for this model (default --steps)."""
+def parse_model(spec: str, default_steps: int) -> tuple[str, str, Optional[int], int]:
+    """LABEL=CHECKPOINT_DIR[@K | @BxK] -> (label, path, block size or None for the trained one, K)."""
     label, sep, path = spec.partition("=")
     if not sep or not label or not path:
-        raise SystemExit(f"{spec!r}: expected LABEL=CHECKPOINT_DIR[@K]")
-    steps = default_steps
+        raise SystemExit(f"{spec!r}: expected LABEL=CHECKPOINT_DIR[@K | @BxK]")
+    block, steps = None, default_steps
     head, at, tail = path.rpartition("@")
     if at and not Path(path).is_dir():
-        if not tail.isdigit() or int(tail) < 1:
-            raise SystemExit(f"{spec!r}: steps after '@' must be a positive integer, got {tail!r}")
-        path, steps = head, int(tail)
+        parts = tail.split("x")
+        if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise SystemExit(f"{spec!r}: after '@' expected K or BxK (positive integers, e.g. 8 or 16x4), got {tail!r}")
+        path, steps = head, int(parts[-1])
+        block = int(parts[0]) if len(parts) == 2 else None
     if not Path(path).is_dir():
         raise SystemExit(f"{spec!r}: checkpoint directory {path} not found")
-    return label, path, steps
+    return label, path, block, steps
 
 
 def markdown(result: dict) -> str:
@@ -97,11 +100,11 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K], the first the reference")
+    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK], the first the reference")
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--steps", type=int, default=4,
-                   help="denoising steps per block for models without @K (B = 1: one per token)")
+                   help="denoising steps per block for models without @K or @BxK (B = 1: one per token)")
     p.add_argument("--number-order", choices=("on", "off"), default="on")
     p.add_argument("--bound", type=float, default=BOUND, help="relative gap bound (0.05: within 5 %%)")
     p.add_argument("--out", required=True)
@@ -110,14 +113,14 @@ def main(argv=None) -> int:
     from wam_diff_core.model.checkpoint import load_model
 
     models = [parse_model(m, args.steps) for m in args.models]
-    if len({label for label, _, _ in models}) != len(models):
+    if len({m[0] for m in models}) != len(models):
         raise SystemExit("model labels must differ")
     out, split = Path(args.out), Path(args.data)
     truth = ground_truth(split)
     rows, errors, common = [], [], None
-    for label, path, steps in models:
+    for label, path, block, steps in models:
         loaded = load_model(path)
-        B = loaded.settings.trained_block_size
+        B = block or loaded.settings.trained_block_size
         pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
         clock_path = pred_path.with_suffix(".decode.json")
         if not (args.resume and pred_path.is_file()):
@@ -125,13 +128,15 @@ def main(argv=None) -> int:
             cfg = decoder_config(B, steps, STRATEGY, THRESHOLD, 128, args.number_order == "on")
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
-            clock_path.write_text(json.dumps({"steps": cfg.steps, "tokens": decoded.tokens, "seconds": decoded.seconds,
+            clock_path.write_text(json.dumps({"block_size": B, "steps": cfg.steps, "tokens": decoded.tokens, "seconds": decoded.seconds,
                                               "tokens_per_s": decoded.tokens_per_s,
                                               "forwards_per_token": decoded.forwards_per_token}, indent=2) + "\n")
         clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
-        if clock.get("steps", steps_for_block(B, steps)) != steps_for_block(B, steps):
-            raise SystemExit(f"{label}: {pred_path} was decoded with K = {clock['steps']}, asked for "
-                             f"K = {steps_for_block(B, steps)}; use another label or --out")
+        asked = (B, steps_for_block(B, steps))
+        found = (clock.get("block_size", B), clock.get("steps", asked[1]))
+        if found != asked:
+            raise SystemExit(f"{label}: {pred_path} was decoded with B = {found[0]}, K = {found[1]}, asked for "
+                             f"B = {asked[0]}, K = {asked[1]}; use another label or --out")
         errs, invalid = errors_by_id(truth, pred_path)
         rows.append({"label": label, "path": path, "block_size": B, "steps": steps_for_block(B, steps),
                      "tokens_per_s": clock.get("tokens_per_s"), "invalid": len(invalid), "predictions": str(pred_path)})

@@ -89,17 +89,24 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     b = json.loads((out / "l2_gap.json").read_text())["models"][1]
     assert b["per_horizon"] == pytest.approx([3.0] * 8)  # 3 m to the side at every horizon
     assert b["l2_mean"] == pytest.approx(3.0)
+    # @BxK decodes the checkpoint at another block size and K, recorded as such
+    assert gap.main(args + ["--resume", f"c={tmp_path / 'fixed'}@4x2"]) == 0
+    c = json.loads((out / "l2_gap.json").read_text())["models"][2]
+    assert (c["block_size"], c["steps"], c["invalid"]) == (4, 2, 0)
+    assert json.loads((out / "predictions" / "c_planning.decode.json").read_text())["block_size"] == 4
     # a resumed file decoded with another K is refused, not mislabelled
     (out / "predictions" / "b_planning.decode.json").write_text(json.dumps({"steps": 4}))
-    with pytest.raises(SystemExit, match="decoded with K = 4, asked for K = 1"):
+    with pytest.raises(SystemExit, match="decoded with B = 1, K = 4, asked for B = 1, K = 1"):
         gap.main(args + ["--resume"])
 
 
 def test_bad_model_arguments_exit_naming_them(tmp_path):
-    assert gap.parse_model(f"a={tmp_path}@8", 4) == ("a", str(tmp_path), 8)
-    assert gap.parse_model(f"a={tmp_path}", 4) == ("a", str(tmp_path), 4)
-    with pytest.raises(SystemExit, match="positive integer, got 'x'"):
-        gap.parse_model(f"a={tmp_path}@x", 4)
+    assert gap.parse_model(f"a={tmp_path}@8", 4) == ("a", str(tmp_path), None, 8)
+    assert gap.parse_model(f"a={tmp_path}@16x2", 4) == ("a", str(tmp_path), 16, 2)
+    assert gap.parse_model(f"a={tmp_path}", 4) == ("a", str(tmp_path), None, 4)
+    for bad in ("x", "16x", "0", "1x2x3"):
+        with pytest.raises(SystemExit, match=f"expected K or BxK .* got '{bad}'"):
+            gap.parse_model(f"a={tmp_path}@{bad}", 4)
     with pytest.raises(SystemExit, match="expected LABEL=CHECKPOINT_DIR"):
         gap.main(["--data", "x.json", "--out", str(tmp_path), "nolabel"])
     with pytest.raises(SystemExit, match="not found"):
