@@ -90,7 +90,7 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     assert b["per_horizon"] == pytest.approx([3.0] * 8)  # 3 m to the side at every horizon
     assert b["l2_mean"] == pytest.approx(3.0)
     # @BxK decodes the checkpoint at another block size and K, recorded as such
-    assert gap.main(args + ["--resume", f"c={tmp_path / 'fixed'}@4x2"]) == 0
+    assert gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2"]) == 0
     c = json.loads((out / "l2_gap.json").read_text())["models"][2]
     assert (c["block_size"], c["steps"], c["invalid"]) == (4, 2, 0)
     assert json.loads((out / "predictions" / "c_planning.decode.json").read_text())["block_size"] == 4
