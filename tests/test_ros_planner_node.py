@@ -189,7 +189,7 @@ def test_image_in_gives_trajectory_path_and_diagnostics_out_with_the_input_stamp
     assert traj.valid and traj.header.frame_id == "base_link" and len(traj.points) == 8
     assert traj.points[-1].pose.position.x == pytest.approx(4.0 * 4.0)  # fake: speed x 4 s
     assert traj.points[0].time_from_start.nanosec == 500_000_000 and traj.points[-1].time_from_start.sec == 4
-    assert (traj.block_size, traj.denoising_steps) == (32, 4)
+    assert (traj.block_size, traj.denoising_steps) == (0, 0)  # the fake has no decoding: the parameters' "own"
     path = probe.received["path"][0]
     assert _ns(path.header.stamp) == stamp_ns and len(path.poses) == 8
     assert policy.plan_calls[0]["shapes"] == [(48, 64, 3)] and policy.plan_calls[0]["mean"] == 77.0
@@ -500,6 +500,30 @@ def test_sigint_shuts_the_node_down_within_2_s_even_while_planning(ros, model):
     assert rc == 0, log
     assert elapsed < 2.0, f"shutdown took {elapsed:.2f} s"
     assert "Traceback" not in log, log
+
+
+def test_block_size_and_steps_default_to_the_checkpoints_own(nano, tmp_path):
+    """Parameters 0: the checkpoint's wam_diff.json decides B and K (an AR checkpoint decodes at B = 1)."""
+    import dataclasses
+
+    from wam_diff_core.model.checkpoint import save_model
+    from wam_diff_ros.planner_node import PolicySettings, load_policy
+
+    ar = dataclasses.replace(nano, settings=nano.settings.for_block_size(1))
+    save_model(ar, tmp_path / "ar")
+    base = PolicySettings(model=str(tmp_path / "ar"), device="cpu", attention_backend="sdpa", cuda_graphs=False,
+                          block_size=0, denoising_steps=0, remasking_strategy="low_confidence_dynamic",
+                          remasking_threshold=0.9, max_new_tokens=0, tasks=("planning",))
+    cfg = load_policy(base).config
+    assert (cfg.block_size, cfg.steps) == (1, 1)
+    cfg = load_policy(dataclasses.replace(base, denoising_steps=4)).config
+    assert (cfg.block_size, cfg.steps) == (1, 1)  # B = 1: one step per token whatever K says
+    cfg = load_policy(dataclasses.replace(base, block_size=8, denoising_steps=2)).config
+    assert (cfg.block_size, cfg.steps) == (8, 2)
+    b16 = dataclasses.replace(nano, settings=nano.settings.for_block_size(16))
+    save_model(b16, tmp_path / "b16")
+    cfg = load_policy(dataclasses.replace(base, model=str(tmp_path / "b16"))).config
+    assert (cfg.block_size, cfg.steps) == (16, b16.settings.decoding.steps)
 
 
 def test_nano_model_end_to_end_image_in_trajectory_and_answer_out(ros):

@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import rclpy
@@ -59,8 +59,8 @@ PARAMETERS = {
     "device": ("cpu", "torch device: cpu, cuda, cuda:0, ..."),
     "attention_backend": ("sdpa", "attention backend: sdpa, flex, flashinfer (GPU)"),
     "cuda_graphs": (False, "capture the block decode step as a CUDA graph (GPU only)"),
-    "block_size": (32, "B: tokens denoised in parallel per block (1 = autoregressive)"),
-    "denoising_steps": (4, "K: denoising steps per block"),
+    "block_size": (0, "B: tokens denoised in parallel per block (1 = autoregressive; 0 = the checkpoint's own)"),
+    "denoising_steps": (0, "K: denoising steps per block (0 = the checkpoint's own)"),
     "remasking_strategy": ("low_confidence_dynamic", "low_confidence_dynamic, low_confidence_static or sequential"),
     "remasking_threshold": (0.9, "confidence threshold of low_confidence_dynamic"),
     "max_new_tokens": (0, "token budget per answer; 0 = the model's default"),
@@ -103,14 +103,22 @@ def load_policy(settings: PolicySettings):
         from .fake_policy import FakePolicy
 
         return FakePolicy(tasks=settings.tasks)
+    from wam_diff_core.model.checkpoint import load
+    from wam_diff_core.model.settings import steps_for_block
     from wam_diff_core.policy import DrivingPolicy, PolicyConfig
 
-    kwargs = dict(block_size=settings.block_size, steps=settings.denoising_steps,
-                  strategy=settings.remasking_strategy, threshold=settings.remasking_threshold,
+    loaded = load(settings.model, device=settings.device)
+    kwargs = dict(strategy=settings.remasking_strategy, threshold=settings.remasking_threshold,
                   backend=settings.attention_backend, cuda_graphs=settings.cuda_graphs, tasks=settings.tasks)
+    if settings.block_size > 0:
+        kwargs["block_size"] = settings.block_size
+    if settings.denoising_steps > 0:
+        kwargs["steps"] = settings.denoising_steps
     if settings.max_new_tokens > 0:
         kwargs["max_new_tokens"] = settings.max_new_tokens
-    return DrivingPolicy.load(settings.model, device=settings.device, config=PolicyConfig(**kwargs))
+    config = PolicyConfig.from_settings(loaded.settings, **kwargs)  # B, K unset: the checkpoint's wam_diff.json
+    config = replace(config, steps=steps_for_block(config.block_size, config.steps))
+    return DrivingPolicy(loaded, config)
 
 
 def stamp_to_ns(stamp) -> int:
@@ -279,8 +287,8 @@ class PlannerNode(LifecycleNode):
         p["image_reliability"] = reliability[p["image_reliability"]]
         p["default_command"] = check_command(p["default_command"])
         for name in ("block_size", "denoising_steps"):
-            if int(p[name]) < 1:
-                raise ValueError(f"{name} must be >= 1, got {p[name]}")
+            if int(p[name]) < 0:
+                raise ValueError(f"{name} must be >= 1, or 0 for the checkpoint's own, got {p[name]}")
         for name in ("diagnostics_period_s", "ask_timeout_s"):
             if not float(p[name]) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {p[name]}")
@@ -409,8 +417,10 @@ class PlannerNode(LifecycleNode):
         stamp = ns_to_stamp(frame_set.stamp_ns)
         ego_header = Header(stamp=stamp, frame_id=cfg["base_frame_id"])
         pubs = self._pubs
-        pubs["trajectory"].publish(trajectory_msg(plan, ego_header, command, cfg["block_size"],
-                                                  cfg["denoising_steps"], policy_s))
+        decoding = getattr(policy, "config", None)  # the policy's effective B and K (parameters 0: its checkpoint's)
+        pubs["trajectory"].publish(trajectory_msg(plan, ego_header, command,
+                                                  getattr(decoding, "block_size", cfg["block_size"]),
+                                                  getattr(decoding, "steps", cfg["denoising_steps"]), policy_s))
         pubs["path"].publish(path_msg(plan, ego_header))
         pubs["markers"].publish(marker_array_msg(plan, ego_header))
         if "detection" in cfg["tasks"]:
