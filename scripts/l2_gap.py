@@ -3,8 +3,8 @@
 The report scores 64 plans per model; whether a B = 32 model's L2 is "within 5 % of AR" needs to know how far
 that number moves with the plans drawn. This decodes the same `--samples` evenly spaced planning samples with
 every model (the report's decoding: each checkpoint's trained block size and K = `--steps`, or the model's own
-@K or @BxK, dynamic remasking at 0.9, number order), and resamples the plans (paired: one draw of plans for all models) to
-give each model's mean L2 and its relative gap to the first model, with 95 % intervals
+@K or @BxK, dynamic remasking at 0.9, number order), and resamples the plans (paired: one draw of plans for all
+models) to give each model's mean L2 and its relative gap to the first model, with 95 % intervals
 (`training.report.l2_gap`). A gap is "within" the bound when the whole interval lies below it, "outside" when
 the whole interval lies above it, else "undecided".
 
@@ -121,24 +121,24 @@ def main(argv=None) -> int:
     for label, path, block, steps in models:
         loaded = load_model(path)
         B = block or loaded.settings.trained_block_size
+        K = steps_for_block(B, steps)
         pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
         clock_path = pred_path.with_suffix(".decode.json")
         if not (args.resume and pred_path.is_file()):
             examples = load_split(split, loaded, "planning", args.samples)
-            cfg = decoder_config(B, steps, STRATEGY, THRESHOLD, 128, args.number_order == "on")
+            cfg = decoder_config(B, K, STRATEGY, THRESHOLD, 128, args.number_order == "on")
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
-            clock_path.write_text(json.dumps({"block_size": B, "steps": cfg.steps, "tokens": decoded.tokens, "seconds": decoded.seconds,
-                                              "tokens_per_s": decoded.tokens_per_s,
-                                              "forwards_per_token": decoded.forwards_per_token}, indent=2) + "\n")
+            clock = {"block_size": B, "steps": cfg.steps, "tokens": decoded.tokens, "seconds": decoded.seconds,
+                     "tokens_per_s": decoded.tokens_per_s, "forwards_per_token": decoded.forwards_per_token}
+            clock_path.write_text(json.dumps(clock, indent=2) + "\n")
         clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
-        asked = (B, steps_for_block(B, steps))
-        found = (clock.get("block_size", B), clock.get("steps", asked[1]))
-        if found != asked:
+        found = (clock.get("block_size", B), clock.get("steps", K))
+        if found != (B, K):
             raise SystemExit(f"{label}: {pred_path} was decoded with B = {found[0]}, K = {found[1]}, asked for "
-                             f"B = {asked[0]}, K = {asked[1]}; use another label or --out")
+                             f"B = {B}, K = {K}; use another label or --out")
         errs, invalid = errors_by_id(truth, pred_path)
-        rows.append({"label": label, "path": path, "block_size": B, "steps": steps_for_block(B, steps),
+        rows.append({"label": label, "path": path, "block_size": B, "steps": K,
                      "tokens_per_s": clock.get("tokens_per_s"), "invalid": len(invalid), "predictions": str(pred_path)})
         errors.append(errs)
         common = set(errs) if common is None else common & set(errs)

@@ -122,17 +122,17 @@ def _predictions(path: Path, side: float, n: int = 3, broken: tuple = ()) -> Pat
 
 
 def test_gap_to_reference_pairs_the_plans_both_models_parse(tmp_path):
-    from training.report.l2_gap import gap_to_reference
+    from training.report.l2_gap import gap_to_reference, ground_truth
 
-    split = _split(tmp_path / "data")
+    truth = ground_truth(_split(tmp_path / "data"))
     ref = _predictions(tmp_path / "ref.jsonl", 1.0)
     worse = _predictions(tmp_path / "worse.jsonl", 1.5, broken=("p1",))
-    gap = gap_to_reference(split, ref, worse)
+    gap = gap_to_reference(truth, ref, worse)
     assert gap["plans"] == 2 and gap["gap"] == pytest.approx(0.5) and gap["gap_ci"] == pytest.approx([0.5, 0.5])
     assert gap["verdict"] == "outside" and gap["bound"] == 0.05
-    assert gap_to_reference(split, ref, ref)["verdict"] == "within"
+    assert gap_to_reference(truth, ref, ref)["verdict"] == "within"
     none = _predictions(tmp_path / "none.jsonl", 1.0, broken=("p0", "p1", "p2"))
-    assert gap_to_reference(split, ref, none) is None
+    assert gap_to_reference(truth, ref, none) is None
 
 
 def test_report_rows_show_the_gap_to_their_ar_model(tmp_path):

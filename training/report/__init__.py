@@ -255,7 +255,7 @@ class Report:
     def add_l2_gaps(self, models: list) -> None:
         """Each B > 1 model's paired planning L2 gap to its AR reference (`table.ar_reference`), from the
         prediction files both wrote (plans drawn alike: the same evenly spaced samples)."""
-        from .l2_gap import gap_to_reference
+        from .l2_gap import gap_to_reference, ground_truth
         from .table import ar_reference
 
         def predictions(m):
@@ -263,11 +263,13 @@ class Report:
             path = plan.get("predictions")
             return Path(path) if path and Path(path).is_file() else None
 
+        truth = None
         for m in models:
             ref = ar_reference(models, m, predictions) if m.get("block_size") != 1 else None
             gap = None
             if ref is not None and predictions(m) is not None:
-                gap = gap_to_reference(Path(self.spec.data["planning"]), predictions(ref), predictions(m))
+                truth = truth if truth is not None else ground_truth(Path(self.spec.data["planning"]))
+                gap = gap_to_reference(truth, predictions(ref), predictions(m))
             if gap is not None:
                 m["l2_gap"] = {"reference": ref["name"]} | gap
 

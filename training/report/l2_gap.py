@@ -71,10 +71,9 @@ def compare(errors: list[np.ndarray], bound: float = BOUND, seed: int = 0) -> li
     return rows
 
 
-def gap_to_reference(split: Path, reference: Path, predictions: Path, bound: float = BOUND) -> dict | None:
+def gap_to_reference(truth: dict, reference: Path, predictions: Path, bound: float = BOUND) -> dict | None:
     """The paired gap of one model's planning predictions to a reference's, over the plans both parse
-    (None when there are none)."""
-    truth = ground_truth(split)
+    (None when there are none); `truth`: `ground_truth(split)`."""
     ref, _ = errors_by_id(truth, reference)
     mine, _ = errors_by_id(truth, predictions)
     ids = sorted(set(ref) & set(mine))
