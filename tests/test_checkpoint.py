@@ -156,6 +156,7 @@ def test_decoding_defaults_follow_the_trained_block_size_and_drive_the_policy(tm
     assert PolicyConfig.from_settings(b16, steps=2) == PolicyConfig(block_size=16, steps=2,
                                                                     strategy=b16.decoding.strategy,
                                                                     threshold=b16.decoding.threshold)
+    assert PolicyConfig.from_settings(ar, steps=4).steps == 1  # K alone on an AR checkpoint: still one per token
 
 
 def test_settings_keep_a_frame_size_and_name_a_bad_one(tmp_path):

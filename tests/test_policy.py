@@ -63,6 +63,13 @@ def test_policy_config_rejects_bad_values():
         PolicyConfig(strategy="random")
 
 
+def test_policy_config_keeps_the_steps_a_block_takes():
+    assert PolicyConfig(block_size=1, steps=4).steps == 1   # B = 1: one forward per token
+    assert PolicyConfig(block_size=4, steps=8).steps == 4   # at most one step per token of the block
+    assert PolicyConfig(block_size=32, steps=4).steps == 4
+    assert PolicyConfig(block_size=1, steps=4) == PolicyConfig(block_size=1, steps=1)
+
+
 def test_plan_parses_a_well_formed_answer_into_the_trajectory_and_boxes(policy, camera_image, monkeypatch):
     from wam_diff_core.decoding.result import DecodeResult
 

@@ -23,6 +23,7 @@ from .decoding.constraint import planning_constraint
 from .model.checkpoint import LoadedModel, load
 from .model.processor import check_image
 from .model.runner import ModelRunner
+from .model.settings import steps_for_block
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
 from .types import Answer, DecodeStats, EgoState, Plan, check_command
 
@@ -59,6 +60,8 @@ class PolicyConfig:
         if bad or not self.tasks:
             raise ValueError(f"tasks {self.tasks!r}: expected a non-empty subset of {POLICY_TASKS}")
         self.decoder(self.tasks)  # validates the decoding fields
+        # the steps a block takes, kept as used: one per token at B = 1, at most B otherwise
+        object.__setattr__(self, "steps", steps_for_block(self.block_size, self.steps))
 
     def decoder(self, tasks: Sequence[str]) -> DecoderConfig:
         budget = self.max_new_tokens or max(TASK_BUDGET[t] for t in tasks)

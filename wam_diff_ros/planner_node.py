@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import rclpy
@@ -104,7 +104,6 @@ def load_policy(settings: PolicySettings):
 
         return FakePolicy(tasks=settings.tasks)
     from wam_diff_core.model.checkpoint import load
-    from wam_diff_core.model.settings import steps_for_block
     from wam_diff_core.policy import DrivingPolicy, PolicyConfig
 
     loaded = load(settings.model, device=settings.device)
@@ -117,7 +116,6 @@ def load_policy(settings: PolicySettings):
     if settings.max_new_tokens > 0:
         kwargs["max_new_tokens"] = settings.max_new_tokens
     config = PolicyConfig.from_settings(loaded.settings, **kwargs)  # B, K unset: the checkpoint's wam_diff.json
-    config = replace(config, steps=steps_for_block(config.block_size, config.steps))
     return DrivingPolicy(loaded, config)
 
 
