@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.report.open_loop import decode_examples, decoder_config, load_split, write_predictions  # noqa: E402
-from training.report.l2_gap import BOUND, DRAWS, compare, errors_by_id, ground_truth  # noqa: E402
+from training.report.l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth  # noqa: E402
 from training.report.spec import slugify  # noqa: E402
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
 from wam_diff_core.model.settings import steps_for_block  # noqa: E402
@@ -59,8 +59,8 @@ def markdown(result: dict) -> str:
     lines = [f"{result['plans']} planning samples of {result['data']} (paired across models; 95 % bootstrap "
              f"intervals, {DRAWS} draws); reference: {result['reference']}; bound: +{100 * result['bound']:.0f} %", "",
              "| model | B | K | L2 1s | L2 2s | L2 3s | L2 4s | L2 mean | 95 % | gap to reference | 95 % | within bound "
-             "| tokens/s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"| tokens/s | median per-plan difference | worst {100 * TAIL:.0f} % of plans' share of it |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     per_s = round(1.0 / WAYPOINT_DT_S)
     for m in result["models"]:
         h = m["per_horizon"]
@@ -72,8 +72,18 @@ def markdown(result: dict) -> str:
         lines.append(f"| {m['label']} | {m['block_size']} | {m.get('steps') or '-'} | {' | '.join(cols)} | "
                      f"{m['l2_mean']:.2f} | {lo:.2f}-{hi:.2f} | "
                      + ("- | - | - |" if ref else f"{100 * m['gap']:+.1f} % | {100 * glo:+.1f} to {100 * ghi:+.1f} % | "
-                                                   f"{m['verdict']} |") + f" {tps} |")
+                                                   f"{m['verdict']} |") + f" {tps} | "
+                     + ("- | - |" if ref else f"{m['median_diff']:+.2f} m | {share_text(m['tail_share'])} |"))
+    worst = [m for m in result["models"] if m["label"] != result["reference"] and m.get("worst")]
+    if worst:
+        lines += ["", "Largest per-plan differences (mean L2 over the horizon, m):", "",
+                  "| model | plan | reference | model |", "| --- | --- | --- | --- |"]
+        lines += [f"| {m['label']} | {w['id']} | {w['reference']:.2f} | {w['model']:.2f} |" for m in worst for w in m["worst"]]
     return "\n".join(lines) + "\n"
+
+
+def share_text(share: Optional[float]) -> str:
+    return "-" if share is None else f"{100 * share:.0f} %"
 
 
 def plot(result: dict, path: Path) -> None:
@@ -145,7 +155,7 @@ def main(argv=None) -> int:
     ids = sorted(common)
     if not ids:
         raise SystemExit("no plan parses for every model")
-    stats = compare([np.stack([e[i] for i in ids]) for e in errors], args.bound)
+    stats = compare([np.stack([e[i] for i in ids]) for e in errors], args.bound, ids=ids)
     result = {"data": str(split), "plans": len(ids), "reference": models[0][0], "bound": args.bound,
               "decoding": {"strategy": STRATEGY, "threshold": THRESHOLD,
                            "number_order": args.number_order == "on"},

@@ -10,7 +10,7 @@ from PIL import Image
 
 from wam_diff_core.codec import format_trajectory
 from wam_diff_core.eval.l2 import l2_per_horizon, l2_per_sample
-from training.report.l2_gap import compare
+from training.report.l2_gap import compare, tail
 from wam_diff_core.model.checkpoint import load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +46,21 @@ def test_gap_intervals_and_verdicts():
     assert rows[0]["l2_mean"] == pytest.approx(ref.mean())
     assert rows[0]["l2_mean_ci"][0] < ref.mean() < rows[0]["l2_mean_ci"][1]
     assert len(rows[0]["per_horizon_ci"]) == 8
+
+
+def test_tail_says_how_much_of_a_gap_a_few_plans_hold():
+    ref = np.full(100, 2.0)
+    few = ref.copy()
+    few[[7, 42, 99]] += [10.0, 6.0, 4.0]  # the whole excess (20 m) in 3 plans
+    out = tail(ref, few, [f"p{i}" for i in range(100)])
+    assert out["tail_plans"] == 3 and out["tail_share"] == pytest.approx(1.0) and out["median_diff"] == 0.0
+    assert [w["id"] for w in out["worst"][:3]] == ["p7", "p42", "p99"]
+    assert out["worst"][0] == {"id": "p7", "reference": 2.0, "model": 12.0}
+    spread = ref + 0.2  # the same excess in every plan: the worst 3 % hold 3 % of it
+    assert tail(ref, spread)["tail_share"] == pytest.approx(0.03) and "worst" not in tail(ref, spread)
+    assert tail(ref, ref - 0.1)["tail_share"] is None  # better in sum: no share of a gap
+    rows = compare([np.repeat(ref[:, None], 8, 1), np.repeat(few[:, None], 8, 1)], ids=[f"p{i}" for i in range(100)])
+    assert rows[1]["tail_share"] == pytest.approx(1.0) and rows[1]["worst"][0]["id"] == "p7"
 
 
 def _split(root: Path, n: int = 3) -> Path:

@@ -20,6 +20,8 @@ from wam_diff_core.eval.l2 import l2_per_sample
 DRAWS = 2000
 LEVEL = 0.95
 BOUND = 0.05  # issue 8's "planning L2 within 5 % of AR"
+TAIL = 0.03  # the share of plans whose part of a gap `tail` reports
+WORST = 5  # plans listed per model by `tail`
 
 
 def ground_truth(split: Path) -> dict:
@@ -52,8 +54,25 @@ def verdict(ci: list[float], bound: float) -> str:
     return "within" if ci[1] <= bound else "outside" if ci[0] > bound else "undecided"
 
 
-def compare(errors: list[np.ndarray], bound: float = BOUND, seed: int = 0) -> list[dict]:
-    """errors: per model (N, NUM_WAYPOINTS) on the same N plans, the first the reference."""
+def tail(ref_plan: np.ndarray, plan: np.ndarray, ids: list[str] | None = None) -> dict:
+    """Where a gap lives: the median per-plan difference (m) and the share of the summed difference held by
+    the worst TAIL of plans (None unless the model is worse in sum); with `ids`, the WORST plans.
+
+    ref_plan, plan: (N,) mean L2 per plan of the reference and the model on the same plans."""
+    diff = plan - ref_plan
+    order = np.argsort(-diff, kind="stable")
+    n_tail = max(1, int(round(TAIL * diff.size)))
+    total = float(diff.sum())
+    out = {"median_diff": float(np.median(diff)),
+           "tail_share": float(diff[order[:n_tail]].sum() / total) if total > 0 else None, "tail_plans": n_tail}
+    if ids is not None:
+        out["worst"] = [{"id": ids[i], "reference": float(ref_plan[i]), "model": float(plan[i])} for i in order[:WORST]]
+    return out
+
+
+def compare(errors: list[np.ndarray], bound: float = BOUND, seed: int = 0, ids: list[str] | None = None) -> list[dict]:
+    """errors: per model (N, NUM_WAYPOINTS) on the same N plans, the first the reference; ids: the N plan ids
+    (listed in each row's `worst`)."""
     n = errors[0].shape[0]
     draws = np.random.default_rng(seed).integers(0, n, size=(DRAWS, n))
     ref = errors[0].mean(-1)[draws].mean(-1)  # (DRAWS,) the reference's mean L2 per draw
@@ -67,7 +86,7 @@ def compare(errors: list[np.ndarray], bound: float = BOUND, seed: int = 0) -> li
                      "per_horizon": e.mean(0).tolist(),
                      "per_horizon_ci": [interval(horizon_boot[:, h]) for h in range(e.shape[1])],
                      "gap": float(per_plan.mean() / errors[0].mean() - 1.0), "gap_ci": gap_ci,
-                     "verdict": verdict(gap_ci, bound)})
+                     "verdict": verdict(gap_ci, bound)} | tail(errors[0].mean(-1), per_plan, ids))
     return rows
 
 
