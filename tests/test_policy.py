@@ -63,6 +63,16 @@ def test_policy_config_rejects_bad_values():
         PolicyConfig(strategy="random")
 
 
+def test_load_takes_a_config_or_overrides_on_the_checkpoints_own_defaults():
+    policy = DrivingPolicy.load("nano", overrides={"block_size": 8, "steps": 2})
+    assert (policy.config.block_size, policy.config.steps) == (8, 2)
+    assert policy.config.threshold == policy.loaded.settings.decoding.threshold  # the rest: the checkpoint's
+    own = DrivingPolicy.load("nano").config
+    assert own == PolicyConfig.from_settings(policy.loaded.settings)
+    with pytest.raises(ValueError, match="config or overrides"):
+        DrivingPolicy.load("nano", config=PolicyConfig(), overrides={"steps": 2})
+
+
 def test_policy_config_keeps_the_steps_a_block_takes():
     assert PolicyConfig(block_size=1, steps=4).steps == 1   # B = 1: one forward per token
     assert PolicyConfig(block_size=4, steps=8).steps == 4   # at most one step per token of the block

@@ -97,9 +97,14 @@ class DrivingPolicy:
         self.runner = ModelRunner(loaded.model, self.config.backend)
 
     @classmethod
-    def load(cls, model: str, device: str = "cpu", config: PolicyConfig | None = None) -> "DrivingPolicy":
-        """A preset name ("nano") or a local checkpoint directory."""
-        return cls(load(model, device=device), config)
+    def load(cls, model: str, device: str = "cpu", config: PolicyConfig | None = None,
+             overrides: dict | None = None) -> "DrivingPolicy":
+        """A preset name ("nano") or a local checkpoint directory, decoding with `config`, or else with the
+        checkpoint's own defaults (its wam_diff.json) and `overrides` (PolicyConfig fields) on top."""
+        if config is not None and overrides:
+            raise ValueError(f"give config or overrides, not both (overrides {overrides!r})")
+        loaded = load(model, device=device)
+        return cls(loaded, config or PolicyConfig.from_settings(loaded.settings, **(overrides or {})))
 
     @property
     def processor(self):

@@ -103,10 +103,8 @@ def load_policy(settings: PolicySettings):
         from .fake_policy import FakePolicy
 
         return FakePolicy(tasks=settings.tasks)
-    from wam_diff_core.model.checkpoint import load
-    from wam_diff_core.policy import DrivingPolicy, PolicyConfig
+    from wam_diff_core.policy import DrivingPolicy
 
-    loaded = load(settings.model, device=settings.device)
     kwargs = dict(strategy=settings.remasking_strategy, threshold=settings.remasking_threshold,
                   backend=settings.attention_backend, cuda_graphs=settings.cuda_graphs, tasks=settings.tasks)
     if settings.block_size > 0:
@@ -115,8 +113,7 @@ def load_policy(settings: PolicySettings):
         kwargs["steps"] = settings.denoising_steps
     if settings.max_new_tokens > 0:
         kwargs["max_new_tokens"] = settings.max_new_tokens
-    config = PolicyConfig.from_settings(loaded.settings, **kwargs)  # B, K unset: the checkpoint's wam_diff.json
-    return DrivingPolicy(loaded, config)
+    return DrivingPolicy.load(settings.model, device=settings.device, overrides=kwargs)  # B, K unset: the checkpoint's
 
 
 def stamp_to_ns(stamp) -> int:

@@ -81,11 +81,9 @@ class LearnedPolicy:
     drives_itself = False
 
     def __init__(self, path: str, device: str = "cpu", overrides: Optional[dict] = None):
-        from ..model.checkpoint import load  # heavy: torch + transformers
-        from ..policy import DrivingPolicy, PolicyConfig
+        from ..policy import DrivingPolicy  # heavy: torch + transformers
 
-        loaded = load(path, device=device)
-        self.inner = DrivingPolicy(loaded, PolicyConfig.from_settings(loaded.settings, **(overrides or {})))
+        self.inner = DrivingPolicy.load(path, device=device, overrides=overrides)
 
     def plan(self, images, ego: EgoState, command: str) -> Plan:
         return self.inner.plan(images, ego, command)
