@@ -188,3 +188,21 @@ def test_every_shipped_recipe_and_the_configs_its_steps_name_load():
     # the v10 config keeps its bases' settings it does not name
     assert v10.perception == dagger.perception and v10.train.batch_size == dagger.train.batch_size
     assert (v10.optim.lr, dagger.optim.lr, v10.perception.occupancy_weight) == (3e-4, 5e-4, 1.0)
+
+
+def test_steps_find_the_projects_commands_without_an_activated_venv(tmp_path, monkeypatch):
+    """A bare `python` (or `wam-diff`) in a step is the interpreter running the recipe, not whatever PATH had first."""
+    from training.recipe import step_env
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    env = step_env()
+    bindir = str(Path(sys.executable).parent)
+    assert env["PATH"].split(":")[0] == bindir and "/usr/bin" in env["PATH"].split(":")
+    assert step_env({"PATH": f"{bindir}:/bin"})["PATH"] == f"{bindir}:/bin"  # not added twice
+    out = tmp_path / "which.txt"
+    name = Path(sys.executable).name
+    steps = [{"name": "w", "run": f"{name} -c \"import sys, pathlib; pathlib.Path(r'{out}').write_text(sys.executable)\"",
+              "done": str(out)}]
+    record = run_recipe(load_recipe(_write(tmp_path, steps)), echo=lambda *_: None)
+    assert record["complete"] is True
+    assert Path(out.read_text()).parent == Path(sys.executable).parent

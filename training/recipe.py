@@ -14,6 +14,9 @@ after an hour picks up where it stopped.
 
 `include: other.yaml` (a path relative to the including file) puts another recipe's steps first, so a recipe
 that continues one does not copy its steps.
+
+Steps run with the directory of the interpreter running the recipe first on PATH, so `wam-diff`, `wam-diff-train`
+and `python` in a step are the project's own (the venv's) whether or not the venv is activated.
 """
 from __future__ import annotations
 
@@ -95,6 +98,16 @@ def load_recipe(path: str | Path, _including: tuple[Path, ...] = ()) -> Recipe:
     return Recipe(raw["name"], Path(raw["out"]), tuple(steps))
 
 
+def step_env(environ: Optional[dict] = None) -> dict:
+    """The environment a step runs in: `environ` (default os.environ) with the running interpreter's directory
+    (a venv's bin/, where the project's console scripts are) first on PATH."""
+    env = dict(os.environ if environ is None else environ)
+    bindir = str(Path(sys.executable).parent)
+    rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir]
+    env["PATH"] = os.pathsep.join([bindir] + rest)
+    return env
+
+
 class StepFailed(RuntimeError):
     """A recipe step exited non-zero (the message names the step, its status and its log)."""
 
@@ -128,6 +141,7 @@ def run_recipe(recipe: Recipe, resume: bool = False, only: Optional[set] = None,
             raise ConfigError(f"unknown step(s) {sorted(unknown)}; the recipe has {[s.name for s in recipe.steps]}")
     logs = recipe.out / LOG_DIR
     logs.mkdir(parents=True, exist_ok=True)
+    env = step_env()
     earlier = _previous(recipe) if resume else {}
     rows: dict[str, dict] = {}
     n = len(recipe.steps)
@@ -146,7 +160,7 @@ def run_recipe(recipe: Recipe, resume: bool = False, only: Optional[set] = None,
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
             try:
-                rc = subprocess.run(step.run, stdout=log, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run(step.run, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
             except FileNotFoundError:
                 rc = 127
                 log.write(f"command not found: {step.run[0]}\n")
