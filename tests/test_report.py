@@ -240,3 +240,35 @@ def test_scenario_scores_and_table_average_per_scenario_and_count_collisions():
     assert lines[0] == "| model | cut_in | merge | all | collisions |"
     assert lines[2] == "| m | 45.0 | 73.0 | 59.0 | 2 |" and lines[3] == "| expert | - | 90.0 | 95.0 | 0 |"
     assert len(lines) == 4 and scenario_table([{"name": "x"}], {}) == ""
+
+
+def test_a_spec_continues_its_base_spec(tmp_path):
+    """`base:`: the base's keys first; mappings merge, models merge by name, a cycle and a missing base are named."""
+    base = {"data": {"planning": "val.json", "qa": "qa.json"}, "samples": {"planning": 8, "qa": 4},
+            "decoding": {"steps": 4, "threshold": 0.9},
+            "models": [{"name": "AR", "path": "ar"}, {"name": "B32", "path": "b32", "teacher": "AR"}],
+            "baselines": ["expert"]}
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    (tmp_path / "specs" / "more.yaml").write_text(yaml.safe_dump({
+        "base": "../base.yaml", "samples": {"planning": 16}, "baselines": ["constant-velocity"],
+        "models": [{"name": "B32", "path": "b32_v2", "teacher": "AR"}, {"name": "new", "path": "n", "teacher": "AR"}]}))
+    spec = load_spec(tmp_path / "specs" / "more.yaml")
+    assert [(m.name, m.path) for m in spec.models] == [("AR", "ar"), ("B32", "b32_v2"), ("new", "n")]
+    assert (spec.samples["planning"], spec.samples["qa"]) == (16, 4)
+    assert spec.data == {"planning": "val.json", "qa": "qa.json"} and spec.baselines == ("constant-velocity",)
+    assert spec.decoding.steps == 4 and spec.decoding.threshold == 0.9
+    (tmp_path / "loop.yaml").write_text(yaml.safe_dump({"base": "loop.yaml", "models": []}))
+    with pytest.raises(SpecError, match="base cycle"):
+        load_spec(tmp_path / "loop.yaml")
+    (tmp_path / "orphan.yaml").write_text(yaml.safe_dump({"base": "nope.yaml"}))
+    with pytest.raises(SpecError, match=r"nope.yaml \(the base of .*orphan.yaml\)"):
+        load_spec(tmp_path / "orphan.yaml")
+    (tmp_path / "badbase.yaml").write_text(yaml.safe_dump({"base": 3}))
+    with pytest.raises(SpecError, match="base: expected a report spec path, got 3"):
+        load_spec(tmp_path / "badbase.yaml")
+
+
+def test_the_shipped_report_specs_load():
+    for path in sorted((Path(__file__).resolve().parents[1] / "training/configs").glob("report_*.yaml")):
+        assert load_spec(path).models, path

@@ -19,6 +19,10 @@
     sensitivity: {ids: [highway_dense_00, cut_in_01], max_seconds: 20, every: 10}   `wam-diff sensitivity`
                  of every closed-loop model on these routes: the "traffic response" column
 
+    base: report_nano_v17.yaml   a spec this one continues (relative to this file): its keys first, then
+                 this file's; mappings merge key by key, lists replace, except `models`, whose entries merge by
+                 name (a new name is appended, a known one replaced in place)
+
 Paths are relative to the working directory. Every error names the key and what was expected.
 """
 from __future__ import annotations
@@ -226,14 +230,58 @@ def parse_spec(raw) -> ReportSpec:
                       closed_loop=closed, sweeps=sweeps, baselines=baselines, sensitivity=sens)
 
 
-def load_spec(path: str | Path) -> ReportSpec:
-    path = Path(path)
+BASE_KEY = "base"
+
+
+def merge_specs(base: dict, over: dict) -> dict:
+    """`over` on top of `base` (raw YAML mappings): mappings merge key by key, other values replace, and `models`
+    merge by entry name (a new name appended, a known one replaced where it stood)."""
+    out = dict(base)
+    for key, value in over.items():
+        if key == "models" and isinstance(value, list) and isinstance(base.get(key), list):
+            merged = list(base[key])
+            where = {m.get("name"): i for i, m in enumerate(merged) if isinstance(m, dict)}
+            for m in value:
+                name = m.get("name") if isinstance(m, dict) else None
+                if name is not None and name in where:
+                    merged[where[name]] = m
+                else:
+                    merged.append(m)
+            out[key] = merged
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = merge_specs(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_raw(path: Path, chain: tuple = ()) -> dict:
+    """One spec file's mapping, after the spec its `base:` names (recursively)."""
+    if path.resolve() in {p.resolve() for p in chain}:
+        raise SpecError(f"report spec base cycle: {' -> '.join(str(p) for p in chain + (path,))}")
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise SpecError(f"cannot read report spec {path}: {exc}") from exc
+        via = f" (the base of {chain[-1]})" if chain else ""
+        raise SpecError(f"cannot read report spec {path}{via}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(raw, dict):
+        return raw
+    base = raw.pop(BASE_KEY, None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base.strip():
+        raise SpecError(f"{path}: {BASE_KEY}: expected a report spec path, got {base!r}")
+    parent = _read_raw(path.parent / base, chain + (path,))
+    if not isinstance(parent, dict):
+        raise SpecError(f"{path.parent / base}: expected a mapping at the top level, got {type(parent).__name__}")
+    return merge_specs(parent, raw)
+
+
+def load_spec(path: str | Path) -> ReportSpec:
+    path = Path(path)
+    raw = _read_raw(path)
     try:
         return parse_spec(raw)
     except SpecError as exc:
