@@ -373,7 +373,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed-offsets", default="0",
                         help="comma-separated traffic seed offsets: every route once per offset (0: the suite's own "
                              "traffic; others: the same road and scenario with other traffic, ids <route>_s<offset>); "
-                             "training data drove offsets 0-18000, so take others for a robustness check")
+                             "training data drove offsets 0-20000 (v18), so take others for a robustness check")
     parser.add_argument("--realtime", action="store_true",
                         help="the world does not wait for the planner: each plan arrives after its measured decode "
                              "time, rounded up to 10 Hz ticks, and the controller tracks the previous plan meanwhile "
