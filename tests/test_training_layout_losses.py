@@ -291,3 +291,21 @@ def test_chain_corruption_masks_each_number_from_a_random_digit_on_and_keeps_sep
     assert cor.masked[1].equal(plain.masked[1]) and cor.t[1].equal(plain.t[1])
     # chain_share 0 draws nothing more: the same masks as before the option existed
     assert corrupt(batch, lay, 99, torch.Generator().manual_seed(0), chain_share=0.0).masked.equal(plain.masked)
+
+
+def test_a_dataset_entry_keeps_only_the_scenarios_it_names(nano, tmp_path):
+    """`scenarios:` on a data entry selects samples by meta.scenario; a name the file lacks is an error naming both."""
+    from training.data import build_datasets
+
+    samples = [{**_sample(f"s{i}", "Ping?", "pong"), "meta": {"scenario": scen}}
+               for i, scen in enumerate(["highway", "roundabout", "highway", "cut_in"])]
+    samples.append(_sample("no-meta", "Ping?", "pong"))
+    path = _write_dataset(tmp_path, samples)
+    mixed = build_datasets([{"path": str(path), "scenarios": ["highway", "cut_in"]}], nano.processor, 4096, 64, "skip")
+    assert [ex.sample_id for ex in (mixed.datasets[0][i] for i in range(len(mixed.datasets[0])))] == ["s0", "s2", "s3"]
+    assert len(DrivingDataset(path, nano.processor, scenarios="roundabout")) == 1
+    assert len(DrivingDataset(path, nano.processor)) == 5
+    with pytest.raises(DataError, match=r"no sample of scenario\(s\) \['intersection'\]; the file has \['cut_in', 'highway', 'roundabout'\]"):
+        DrivingDataset(path, nano.processor, scenarios=["highway", "intersection"])
+    with pytest.raises(DataError, match="scenarios must be a non-empty list"):
+        DrivingDataset(path, nano.processor, scenarios=[])

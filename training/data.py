@@ -131,13 +131,32 @@ class DatasetStats:
         return self.total - sum(self.skipped.values())
 
 
+def _scenario(sample) -> Optional[str]:
+    meta = sample.get("meta") if isinstance(sample, dict) else None
+    return meta.get("scenario") if isinstance(meta, dict) else None
+
+
+def keep_scenarios(samples: list, scenarios: Union[str, Sequence[str]], path: Path) -> list:
+    """The samples whose `meta.scenario` (as `wam-diff data` and `dagger` write it) is one of `scenarios`.
+    Raises DataError naming the file when none is, or when a name is not a scenario of the file."""
+    wanted = [scenarios] if isinstance(scenarios, str) else list(scenarios)
+    if not wanted or not all(isinstance(w, str) and w for w in wanted):
+        raise DataError(f"{path}: scenarios must be a non-empty list of scenario names, got {scenarios!r}")
+    present = Counter(_scenario(x) for x in samples)
+    missing = [w for w in wanted if w not in present]
+    if missing:
+        have = sorted(str(k) for k in present if k is not None)
+        raise DataError(f"{path}: no sample of scenario(s) {missing}; the file has {have or 'no meta.scenario'}")
+    return [x for x in samples if _scenario(x) in wanted]
+
+
 class DrivingDataset(torch.utils.data.Dataset):
     """One dataset file. `__getitem__` returns an Example, or a BadSample for a sample that fails now."""
 
     def __init__(self, path: Union[str, Path], processor: VLProcessor, max_prompt_tokens: int = 4096,
                  max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None,
                  tasks: Optional[Sequence[str]] = None, trajectory_format: str = "official",
-                 occupancy_cells: Optional[int] = None):
+                 occupancy_cells: Optional[int] = None, scenarios: Optional[Sequence[str]] = None):
         if on_bad_sample not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"on_bad_sample must be one of {BAD_SAMPLE_POLICIES}, got {on_bad_sample!r}")
         if trajectory_format not in TRAJECTORY_FORMATS:
@@ -161,6 +180,8 @@ class DrivingDataset(torch.utils.data.Dataset):
         samples = read_samples(self.path)
         if self.tasks is not None:  # one file holding several tasks, mixed by weight per task
             samples = [x for x in samples if isinstance(x, dict) and x.get("task") in self.tasks]
+        if scenarios is not None:
+            samples = keep_scenarios(samples, scenarios, self.path)
         self.samples = self.scan(samples)
 
     def _restyle(self, task: str, response: str) -> str:
@@ -359,8 +380,9 @@ class MixSampler:
 def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_tokens: int, max_response_tokens: int,
                    on_bad_sample: str, base_dir: Optional[Path] = None, trajectory_format: str = "official",
                    occupancy_cells: Optional[int] = None) -> MixedDataset:
-    """Datasets of config entries `{"path": ..., "weight": ..., "task": ...}` (paths relative to `base_dir`;
-    `task`, a name or a list, keeps only those samples of the file)."""
+    """Datasets of config entries `{"path": ..., "weight": ..., "task": ..., "scenarios": [...]}` (paths relative
+    to `base_dir`; `task`, a name or a list, keeps only those samples of the file; `scenarios`, only the samples
+    of those scenario types, by `meta.scenario`)."""
     datasets, weights = [], []
     for entry in entries:
         if isinstance(entry, str):
@@ -372,6 +394,7 @@ def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_t
             path = base_dir / path
         datasets.append(DrivingDataset(path, processor, max_prompt_tokens, max_response_tokens, on_bad_sample,
                                        name=entry.get("name"), tasks=entry.get("task"),
-                                       trajectory_format=trajectory_format, occupancy_cells=occupancy_cells))
+                                       trajectory_format=trajectory_format, occupancy_cells=occupancy_cells,
+                                       scenarios=entry.get("scenarios")))
         weights.append(float(entry.get("weight", 1.0)))
     return MixedDataset(datasets, weights)
