@@ -6,11 +6,19 @@ the table.
 
     .venv/bin/python scripts/compare_drives.py --out runs/v13/compare \\
         "B32 lockstep=runs/v13/w_default" "B32 realtime=runs/v13/rt_b32" "AR realtime=runs/v13/rt_ar"
+
+A PATH may be several runs joined by '+' (their routes pooled; a route id in two of them is an error), each
+optionally followed by '#OFFSETS' (comma-separated traffic seed offsets of `wam-diff drive --seed-offsets`; 0: the
+suite's own traffic), which keeps only those routes. DS and SR are then recomputed over the routes kept (plans,
+latency and the run settings are left out when a selection or pooling makes them partial):
+
+    "(ze) new traffic=runs/v18/drive_ze#50000,60000" "(zh) all 144=runs/v16/suite_zh+runs/v16/seeds_zh"
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,11 +27,60 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.report import scenario_scores  # noqa: E402
 
 
+_OFFSET = re.compile(r"_s(\d+)$")
+PARTIAL_KEYS = ("plans", "latency_ticks_mean")  # whole-run counts a route selection cannot split
+
+
+def traffic_offset(route_id: str) -> int:
+    """The traffic seed offset a `wam-diff drive --seed-offsets` route id carries (`<route>_s<offset>`; else 0)."""
+    m = _OFFSET.search(route_id)
+    return int(m.group(1)) if m else 0
+
+
+def restrict(summary: dict, routes: dict) -> dict:
+    """`summary` over `routes` only: DS and SR recomputed, whole-run counts dropped."""
+    if not routes:
+        raise SystemExit("the selection keeps no route")
+    out = {k: v for k, v in summary.items() if k not in PARTIAL_KEYS}
+    out["routes"] = routes
+    out["num_routes"] = len(routes)
+    out["driving_score"] = sum(float(r.get("score", 0.0)) for r in routes.values()) / len(routes)
+    out["success_rate"] = 100.0 * sum(bool(r.get("success")) for r in routes.values()) / len(routes)
+    return out
+
+
 def load_run(spec: str) -> tuple[str, dict]:
-    """'LABEL=PATH' -> (label, summary); exits naming the argument when it is malformed or unreadable."""
+    """'LABEL=PATH[#OFFSETS][+PATH[#OFFSETS]...]' -> (label, summary); exits naming the argument when it is
+    malformed or unreadable."""
     label, sep, path = spec.partition("=")
     if not sep or not label or not path:
         raise SystemExit(f"{spec!r}: expected LABEL=PATH (a drive output directory or its summary.json)")
+    parts = path.split("+")
+    if len(parts) == 1 and "#" not in path:
+        return label, _read_summary(spec, path)
+    pooled, first = {}, None
+    for part in parts:
+        where, _, offsets = part.partition("#")
+        summary = _read_summary(spec, where)
+        first = first or summary
+        routes = summary["routes"]
+        if offsets:
+            try:
+                keep = {int(o) for o in offsets.split(",")}
+            except ValueError:
+                raise SystemExit(f"{spec!r}: after '#' expected comma-separated seed offsets, got {offsets!r}")
+            routes = {rid: r for rid, r in routes.items() if traffic_offset(rid) in keep}
+        twice = sorted(set(routes) & set(pooled))
+        if twice:
+            raise SystemExit(f"{spec!r}: route(s) {twice[:3]} in more than one pooled run")
+        pooled.update(routes)
+    try:
+        return label, restrict(first, pooled)
+    except SystemExit as exc:
+        raise SystemExit(f"{spec!r}: {exc}")
+
+
+def _read_summary(spec: str, path: str) -> dict:
     p = Path(path)
     p = p / "summary.json" if p.is_dir() else p
     try:
@@ -32,7 +89,7 @@ def load_run(spec: str) -> tuple[str, dict]:
         raise SystemExit(f"{spec!r}: cannot read {p} ({exc})")
     if "routes" not in summary or "driving_score" not in summary:
         raise SystemExit(f"{spec!r}: {p} is not a wam-diff drive summary (no routes / driving_score)")
-    return label, summary
+    return summary
 
 
 def row(label: str, summary: dict) -> dict:

@@ -46,3 +46,26 @@ def test_compare_names_a_malformed_or_unreadable_run(tmp_path):
     (tmp_path / "other.json").write_text('{"a": 1}')
     with pytest.raises(SystemExit, match="not a wam-diff drive summary"):
         compare.main(["--out", str(tmp_path), f"x={tmp_path / 'other.json'}"])
+
+
+def test_runs_pool_and_select_by_traffic_offset(tmp_path):
+    """'+' pools runs, '#offsets' keeps routes by traffic seed offset; DS and SR are recomputed over what is kept."""
+    def summary(scores: dict) -> dict:
+        return {"driving_score": -1.0, "success_rate": -1.0, "plans": 99, "frame_size": [64, 32],
+                "routes": {rid: {"score": s, "success": s == 100.0, "scenario": "highway", "infractions": []}
+                           for rid, s in scores.items()}}
+
+    (tmp_path / "a.json").write_text(json.dumps(summary({"h_00": 100.0, "h_00_s50000": 40.0, "h_00_s60000": 70.0})))
+    (tmp_path / "b.json").write_text(json.dumps(summary({"h_01": 20.0})))
+    assert compare.traffic_offset("h_00") == 0 and compare.traffic_offset("cut_in_03_s60000") == 60000
+    _, new = compare.load_run(f"x={tmp_path / 'a.json'}#50000,60000")
+    assert (new["num_routes"], new["driving_score"], new["success_rate"]) == (2, 55.0, 0.0) and "plans" not in new
+    _, suite = compare.load_run(f"x={tmp_path / 'a.json'}#0+{tmp_path / 'b.json'}")
+    assert sorted(suite["routes"]) == ["h_00", "h_01"] and suite["driving_score"] == 60.0 and suite["success_rate"] == 50.0
+    assert suite["frame_size"] == [64, 32]
+    with pytest.raises(SystemExit, match="more than one pooled run"):
+        compare.load_run(f"x={tmp_path / 'a.json'}+{tmp_path / 'a.json'}")
+    with pytest.raises(SystemExit, match="keeps no route"):
+        compare.load_run(f"x={tmp_path / 'b.json'}#70000")
+    with pytest.raises(SystemExit, match="seed offsets, got 'new'"):
+        compare.load_run(f"x={tmp_path / 'b.json'}#new")
