@@ -38,9 +38,7 @@ def traffic_offset(route_id: str) -> int:
 
 
 def restrict(summary: dict, routes: dict) -> dict:
-    """`summary` over `routes` only: DS and SR recomputed, whole-run counts dropped."""
-    if not routes:
-        raise SystemExit("the selection keeps no route")
+    """`summary` over `routes` (not empty) only: DS and SR recomputed, whole-run counts dropped."""
     out = {k: v for k, v in summary.items() if k not in PARTIAL_KEYS}
     out["routes"] = routes
     out["num_routes"] = len(routes)
@@ -74,10 +72,9 @@ def load_run(spec: str) -> tuple[str, dict]:
         if twice:
             raise SystemExit(f"{spec!r}: route(s) {twice[:3]} in more than one pooled run")
         pooled.update(routes)
-    try:
-        return label, restrict(first, pooled)
-    except SystemExit as exc:
-        raise SystemExit(f"{spec!r}: {exc}")
+    if not pooled:
+        raise SystemExit(f"{spec!r}: the selection keeps no route")
+    return label, restrict(first, pooled)
 
 
 def _read_summary(spec: str, path: str) -> dict:
