@@ -233,25 +233,31 @@ def parse_spec(raw) -> ReportSpec:
 BASE_KEY = "base"
 
 
+def _deep_merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`: mappings merge key by key, other values replace."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
 def merge_specs(base: dict, over: dict) -> dict:
     """`over` on top of `base` (raw YAML mappings): mappings merge key by key, other values replace, and `models`
     merge by entry name (a new name appended, a known one replaced where it stood)."""
-    out = dict(base)
-    for key, value in over.items():
-        if key == "models" and isinstance(value, list) and isinstance(base.get(key), list):
-            merged = list(base[key])
-            where = {m.get("name"): i for i, m in enumerate(merged) if isinstance(m, dict)}
-            for m in value:
-                name = m.get("name") if isinstance(m, dict) else None
-                if name is not None and name in where:
-                    merged[where[name]] = m
-                else:
-                    merged.append(m)
-            out[key] = merged
-        elif isinstance(value, dict) and isinstance(base.get(key), dict):
-            out[key] = merge_specs(base[key], value)
-        else:
-            out[key] = value
+    out = _deep_merge(base, {k: v for k, v in over.items() if k != "models"})
+    models, base_models = over.get("models"), base.get("models")
+    if isinstance(models, list) and isinstance(base_models, list):
+        merged = list(base_models)
+        where = {m.get("name"): i for i, m in enumerate(merged) if isinstance(m, dict)}
+        for m in models:
+            name = m.get("name") if isinstance(m, dict) else None
+            if name is not None and name in where:
+                merged[where[name]] = m
+            else:
+                merged.append(m)
+        out["models"] = merged
+    elif "models" in over:
+        out["models"] = models
     return out
 
 
