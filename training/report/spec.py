@@ -38,6 +38,8 @@ from wam_diff_core.model.settings import STRATEGIES
 from wam_diff_core.policy import TASK_BUDGET
 from wam_diff_core.sim.policies import BASELINES
 
+from ..config import BASE_KEY  # the same `base:` key training configs continue one another with
+
 DEFAULT_SAMPLES = {"planning": 64, "detection": 32, "qa": 64}
 
 
@@ -228,9 +230,6 @@ def parse_spec(raw) -> ReportSpec:
         sens = Sensitivity(tuple(ids), float(max_s), _positive_int(sv.get("every", 10), "sensitivity.every"))
     return ReportSpec(data=dict(data), models=tuple(models), samples=samples, max_new_tokens=budget, decoding=decoding,
                       closed_loop=closed, sweeps=sweeps, baselines=baselines, sensitivity=sens)
-
-
-BASE_KEY = "base"
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
