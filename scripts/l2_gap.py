@@ -116,6 +116,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=4,
                    help="denoising steps per block for models without @K or @BxK (B = 1: one per token)")
     p.add_argument("--number-order", choices=("on", "off"), default="on")
+    p.add_argument("--kinematic-envelope", choices=("on", "off"), default="on",
+                   help="decode plans inside the kinematic envelope (wam_diff_core/decoding/envelope.py)")
     p.add_argument("--bound", type=float, default=BOUND, help="relative gap bound (0.05: within 5 %%)")
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="reuse predictions already in OUT/predictions")
@@ -136,7 +138,8 @@ def main(argv=None) -> int:
         clock_path = pred_path.with_suffix(".decode.json")
         if not (args.resume and pred_path.is_file()):
             examples = load_split(split, loaded, "planning", args.samples)
-            cfg = decoder_config(B, K, STRATEGY, THRESHOLD, 128, args.number_order == "on")
+            cfg = decoder_config(B, K, STRATEGY, THRESHOLD, 128, args.number_order == "on",
+                                 args.kinematic_envelope == "on")
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
             clock = {"block_size": B, "steps": cfg.steps, "tokens": decoded.tokens, "seconds": decoded.seconds,
@@ -158,7 +161,8 @@ def main(argv=None) -> int:
     stats = compare([np.stack([e[i] for i in ids]) for e in errors], args.bound, ids=ids)
     result = {"data": str(split), "plans": len(ids), "reference": models[0][0], "bound": args.bound,
               "decoding": {"strategy": STRATEGY, "threshold": THRESHOLD,
-                           "number_order": args.number_order == "on"},
+                           "number_order": args.number_order == "on",
+                           "kinematic_envelope": args.kinematic_envelope == "on"},
               "models": [r | s for r, s in zip(rows, stats)]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "l2_gap.json").write_text(json.dumps(result, indent=2) + "\n")

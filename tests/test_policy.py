@@ -86,7 +86,7 @@ def test_plan_parses_a_well_formed_answer_into_the_trajectory_and_boxes(policy, 
     traj = "1.00,0.00,2.00,0.10,3.00,0.20,4.00,0.30,5.00,0.40,6.00,0.50,7.00,0.60,8.00,0.70"
     boxes = '[{"bbox_2d": [0, 0, 500, 1000], "label": "car"}]'
 
-    def fake_decode(prompts, images, cfg, tasks):
+    def fake_decode(prompts, images, cfg, tasks, ego=None):
         return DecodeResult([[1], [1]], [True, True], 2, 3, {"total": 0.1}), [traj, boxes]
 
     monkeypatch.setattr(policy, "_decode", fake_decode)

@@ -28,7 +28,8 @@ from wam_diff_core.codec import ParseError, format_trajectory, parse_trajectory
 from wam_diff_core.constants import EOS_TOKEN, TRAJECTORY_FORMATS
 from wam_diff_core.decoding.constraint import TrajectoryGrammar
 from wam_diff_core.model.processor import VLProcessor
-from wam_diff_core.prompts import sample_to_chat
+from wam_diff_core.prompts import parse_planning_ego, sample_to_chat
+from wam_diff_core.types import EgoState
 
 from .perception import sample_occupancy
 
@@ -67,11 +68,12 @@ class Example:
     response_text: str = ""
     occupancy: Optional[torch.Tensor] = None  # (visual tokens, cells^2) perception targets (training/perception.py)
     chained: bool = False  # the response is a fixed-style trajectory: its numbers are chains (codec)
+    ego: Optional[EgoState] = None  # a planning prompt's ego state (the decoders' kinematic envelope)
 
     def with_response(self, response_ids: torch.Tensor) -> "Example":
         chained = self.chained and len(response_ids) == len(self.response_ids)
         return Example(self.sample_id, self.task, self.prompt_ids, self.mm_token_type_ids, response_ids,
-                       self.pixel_values, self.image_grid_thw, "", self.occupancy, chained)
+                       self.pixel_values, self.image_grid_thw, "", self.occupancy, chained, self.ego)
 
 
 @dataclass
@@ -266,8 +268,9 @@ class DrivingDataset(torch.utils.data.Dataset):
             ip = self.processor.image_processor
             occupancy = sample_occupancy(self.metas[index], enc.image_grid_thw, int(ip.patch_size), int(ip.merge_size),
                                          self.occupancy_cells)
+        ego = parse_planning_ego(prompt) if task == "planning" else None
         return Example(sid, task, enc.input_ids[0], enc.mm_token_type_ids[0], resp, enc.pixel_values,
-                       enc.image_grid_thw, response, occupancy, self.grammar is not None and task == "planning")
+                       enc.image_grid_thw, response, occupancy, self.grammar is not None and task == "planning", ego)
 
     def __getitem__(self, index: int) -> Union[Example, BadSample]:
         try:

@@ -43,9 +43,10 @@ def prompt_batch(examples: Sequence[Example], pad_id: int) -> PromptBatch:
 
 
 def decoder_config(block_size: int, steps: Optional[int], strategy: str, threshold: float, max_new_tokens: int,
-                   backend: str = "sdpa", number_order: bool = True) -> DecoderConfig:
+                   backend: str = "sdpa", number_order: bool = True, kinematic_envelope: bool = True) -> DecoderConfig:
     return DecoderConfig(block_size=block_size, steps=steps or block_size, strategy=strategy, threshold=threshold,
-                         max_new_tokens=max_new_tokens, backend=backend, number_order=number_order)
+                         max_new_tokens=max_new_tokens, backend=backend, number_order=number_order,
+                         kinematic_envelope=kinematic_envelope)
 
 
 def evaluate(model, processor, settings, examples: Sequence[Example], block_size: int, steps: Optional[int] = None,
@@ -67,7 +68,8 @@ def evaluate(model, processor, settings, examples: Sequence[Example], block_size
         batch = prompt_batch(chunk, pad_id).to(device)
         t0 = time.perf_counter()
         grammar = planning_constraint(processor.tokenizer, settings, [x.task for x in chunk],
-                                      cfg.answer_positions, runner.vocab_size, device)
+                                      cfg.answer_positions, runner.vocab_size, device,
+                                      [x.ego for x in chunk] if cfg.kinematic_envelope else None)
         res = generate(runner, batch, cfg, settings.mask_token_id, eos, grammar)
         seconds += time.perf_counter() - t0
         produced += res.tokens

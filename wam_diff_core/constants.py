@@ -11,6 +11,17 @@ TRAJECTORY_DECIMALS = 2
 TRAJECTORY_FORMATS = ("official", "fixed")
 TRAJECTORY_FIXED_INT_DIGITS = 3
 
+# The embedded world's longitudinal actuation limits (m/s^2) on the policy-driven ego (sim/highway.py clips to them).
+EGO_ACCEL_LIMITS_MPS2 = (-8.0, 5.0)
+# Kinematic envelope of a decoded plan (decoding/envelope.py): each axis' acceleration implied by the waypoints'
+# second differences, ego frame. Forward: the actuation limits widened by ENVELOPE_MARGIN_MPS2 (2-decimal rounding,
+# the forward part of centripetal acceleration in turns); lateral: +-ENVELOPE_LATERAL_MPS2. The expert's plans lie
+# inside: over the 7,071 plans of `wam-diff data` (v19) forward -6.8 .. +3.3 m/s^2 but for one sample at -13.3,
+# lateral within +-4.8 m/s^2.
+ENVELOPE_MARGIN_MPS2 = 1.0
+ENVELOPE_ACCEL_X_MPS2 = (EGO_ACCEL_LIMITS_MPS2[0] - ENVELOPE_MARGIN_MPS2, EGO_ACCEL_LIMITS_MPS2[1] + ENVELOPE_MARGIN_MPS2)
+ENVELOPE_LATERAL_MPS2 = 6.0
+
 # The embedded world's camera frame (W, H) in pixels at its fixed 3 px/m: what `wam-diff data`, `drive`, `dagger`,
 # `sensitivity` and the ROS bridge render unless told otherwise. A learned policy's checkpoint records the frame
 # size its planning data was rendered at (`wam_diff.json` frame_size); the closed-loop tools take that one for it.

@@ -46,6 +46,7 @@ class PolicyConfig:
     temperature: float = 0.0
     tasks: tuple[str, ...] = ("planning",)
     number_order: bool = True  # trajectory digits most significant first (DecoderConfig.number_order)
+    kinematic_envelope: bool = True  # plans inside the kinematic envelope (DecoderConfig.kinematic_envelope)
 
     @classmethod
     def from_settings(cls, settings, **overrides) -> "PolicyConfig":
@@ -67,7 +68,8 @@ class PolicyConfig:
         budget = self.max_new_tokens or max(TASK_BUDGET[t] for t in tasks)
         return DecoderConfig(block_size=self.block_size, steps=self.steps, strategy=self.strategy,
                              threshold=self.threshold, max_new_tokens=budget, temperature=self.temperature,
-                             backend=self.backend, cuda_graphs=self.cuda_graphs, number_order=self.number_order)
+                             backend=self.backend, cuda_graphs=self.cuda_graphs, number_order=self.number_order,
+                             kinematic_envelope=self.kinematic_envelope)
 
 
 def _check_images(images) -> list[np.ndarray]:
@@ -115,13 +117,16 @@ class DrivingPolicy:
         """(W, H) of the camera frames the checkpoint learned to plan from (its wam_diff.json), None if unrecorded."""
         return self.loaded.settings.frame_size
 
-    def _decode(self, prompts: list[str], images: list[np.ndarray], cfg: DecoderConfig, tasks: Sequence[str]):
+    def _decode(self, prompts: list[str], images: list[np.ndarray], cfg: DecoderConfig, tasks: Sequence[str],
+                ego: Optional[EgoState] = None):
         """Decode one answer per prompt; row i answers tasks[i] (planning rows under the checkpoint's
-        trajectory grammar when it has one)."""
+        trajectory grammar when it has one, and inside the kinematic envelope from `ego` when the config
+        asks for it)."""
         batch = self.processor.encode(prompts, [images] * len(prompts)).to(self.device)
         settings = self.loaded.settings
+        egos = [ego if t == "planning" else None for t in tasks] if cfg.kinematic_envelope and ego else None
         grammar = planning_constraint(self.processor.tokenizer, settings, tasks, cfg.answer_positions,
-                                      self.runner.vocab_size, self.device)
+                                      self.runner.vocab_size, self.device, egos)
         result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
         texts = [self.processor.decode(ids) for ids in result.token_ids]
         return result, texts
@@ -139,7 +144,7 @@ class DrivingPolicy:
         text_for = {"planning": planning_prompt(ego_state, command), "detection": detection_prompt()}
         prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
         cfg = self.config.decoder(tasks)
-        result, texts = self._decode(prompts, images, cfg, tasks)
+        result, texts = self._decode(prompts, images, cfg, tasks, ego_state)
         plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(tasks, texts)))
         for task, text, finished in zip(tasks, texts, result.finished):
             if not finished:

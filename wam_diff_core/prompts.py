@@ -5,7 +5,8 @@ evaluation all ask the model the same question.
 """
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Optional
 
 from .constants import (
     BOX_SCALE,
@@ -69,6 +70,23 @@ def planning_prompt(ego: EgoState, command: str) -> str:
         dt=WAYPOINT_DT_S,
         decimals=TRAJECTORY_DECIMALS,
     )
+
+
+_NUMBER_RE = r"[-+]?\d+(?:\.\d+)?"
+# The ego-state part of PLANNING_TEMPLATE as a pattern: each {field} a signed decimal.
+_EGO_RE = re.compile(re.sub(r"\\\{(\w+)\\\}", lambda m: f"(?P<{m.group(1)}>{_NUMBER_RE})",
+                            re.escape(PLANNING_TEMPLATE[:PLANNING_TEMPLATE.index(" Navigation")])))
+
+
+def parse_planning_ego(text: str) -> Optional[EgoState]:
+    """The ego state a planning prompt (`planning_prompt`, alone or inside a chat prompt) states, or None when
+    `text` holds no planning question; at the prompt's precision."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a string, got {type(text).__name__}")
+    match = _EGO_RE.search(text)
+    if match is None:
+        return None
+    return EgoState(**{k: float(v) for k, v in match.groupdict().items()})
 
 
 def detection_prompt() -> str:

@@ -30,10 +30,10 @@ from ..evaluate import prompt_batch
 
 
 def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int,
-                   number_order: bool = True) -> DecoderConfig:
+                   number_order: bool = True, kinematic_envelope: bool = True) -> DecoderConfig:
     """B = 1 decodes one token per forward; otherwise at most `steps` denoising steps per block."""
     return evaluate_decoder_config(block_size, steps_for_block(block_size, steps), strategy, threshold, max_new_tokens,
-                                   number_order=number_order)
+                                   number_order=number_order, kinematic_envelope=kinematic_envelope)
 
 
 @dataclass
@@ -72,7 +72,7 @@ def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: Decod
         batch = prompt_batch([x], pad_id).to(runner.device)
         t0 = time.perf_counter()
         grammar = planning_constraint(processor.tokenizer, settings, [x.task], cfg.answer_positions,
-                                      runner.vocab_size, runner.device)
+                                      runner.vocab_size, runner.device, [x.ego] if cfg.kinematic_envelope else None)
         res = generate(runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
         seconds += time.perf_counter() - t0
         tokens += res.tokens

@@ -32,7 +32,7 @@ def generate_ar(runner: ModelRunner, batch: PromptBatch, max_new_tokens: int, eo
     kind = torch.full((b, 1), CLEAN, dtype=torch.long, device=device)
     for t in range(max_new_tokens):
         if constraint is not None:
-            logits = constraint.apply(logits[:, None], t)[:, 0]
+            logits = constraint.apply(logits[:, None], t, out[:, :t] if constraint.envelope is not None else None)[:, 0]
         token = logits.argmax(dim=-1)
         out[:, t] = token
         if not ignore_eos:

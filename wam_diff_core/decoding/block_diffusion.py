@@ -48,7 +48,8 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
     With CUDA graphs or the FlashInfer backend the capture-ready static path in `kernels` decodes
     (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
     masks the logits of every step, on either path, and with `cfg.number_order` orders the commits of
-    each number's characters."""
+    each number's characters; its kinematic envelope, when it has one, applies on this eager path only (the
+    static path keeps the per-position grammar)."""
     if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
         from kernels.graph_runner import generate_static
 
@@ -100,7 +101,8 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
             # block position i - 1; one predict call keeps the sampling noise in block order
             logits = prev_logits[:, None] if h is None else torch.cat([prev_logits[:, None], runner.logits(h[:, : B - 1])], 1)
             if constraint is not None:
-                logits = constraint.apply(logits, j * B)
+                answer = torch.cat([out[:, : j * B], x], 1) if constraint.envelope is not None else None
+                logits = constraint.apply(logits, j * B, answer)
             pred, conf = predict(logits, cfg.temperature, generator)
             commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains)
             x = torch.where(commit, pred, x)

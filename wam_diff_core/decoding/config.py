@@ -27,6 +27,7 @@ class DecoderConfig:
     cuda_graphs: bool = False
     seed: int = 0
     number_order: bool = True
+    kinematic_envelope: bool = True
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:

@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 import torch
 
 from ..codec import FIXED_TRAJECTORY_CHARS, fixed_trajectory_chain_starts, fixed_trajectory_slots
+from ..types import EgoState
+from .envelope import KinematicEnvelope, char_codes
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,13 @@ class TokenConstraint:
     """allowed: (length, vocab) bool, the tokens answer position p may hold; rows: (batch,) bool, the
     batch rows it applies to (the others decode unconstrained); chain_start: (length,) long or None, the
     answer position where p's chain starts (a fixed-style number: its sign), so that the decoder can
-    commit a chain's positions left to right (`remasking.commit_mask`, number order)."""
+    commit a chain's positions left to right (`remasking.commit_mask`, number order); envelope: the kinematic
+    envelope of the planning rows (`envelope.KinematicEnvelope`), applied when `apply` is given the answer."""
 
     allowed: torch.Tensor
     rows: torch.Tensor
     chain_start: Optional[torch.Tensor] = None
+    envelope: Optional[KinematicEnvelope] = None
 
     def chains(self, start: int, n: int) -> torch.Tensor:
         """(batch, n) long: for block positions 0 .. n - 1 (answer positions start .. start + n - 1), the
@@ -56,10 +60,14 @@ class TokenConstraint:
             raise ValueError(f"constraint vocabulary {self.allowed.shape[1]} != logits vocabulary {vocab_size}")
         return ~self.allowed[start:start + n][None] & self.rows[:, None, None]
 
-    def apply(self, logits: torch.Tensor, start: int) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, start: int, answer: Optional[torch.Tensor] = None) -> torch.Tensor:
         """logits (batch, n, vocab) predicting answer positions start .. start + n - 1 -> the same
-        logits with disallowed tokens at -inf in the constrained rows."""
-        return logits.masked_fill(self.banned(start, logits.shape[1], logits.shape[-1]), float("-inf"))
+        logits with disallowed tokens at -inf in the constrained rows; with `answer` (batch, >= start) the
+        answer's tokens so far, uncommitted ones the mask) also the digits outside the kinematic envelope."""
+        logits = logits.masked_fill(self.banned(start, logits.shape[1], logits.shape[-1]), float("-inf"))
+        if answer is not None and self.envelope is not None:
+            logits = self.envelope.apply(logits, start, answer)
+        return logits
 
 
 class TrajectoryGrammar:
@@ -97,8 +105,35 @@ class TrajectoryGrammar:
 
 
 @lru_cache(maxsize=8)
+def _grammar(tokenizer, eos_id: int) -> TrajectoryGrammar:
+    return TrajectoryGrammar(tokenizer, eos_id)
+
+
+@lru_cache(maxsize=8)
 def _grammar_table(tokenizer, eos_id: int, length: int, vocab_size: int, device: str) -> torch.Tensor:
-    return TrajectoryGrammar(tokenizer, eos_id).allowed(length, vocab_size, device)
+    return _grammar(tokenizer, eos_id).allowed(length, vocab_size, device)
+
+
+@lru_cache(maxsize=8)
+def _envelope_tables(tokenizer, eos_id: int, vocab_size: int, device: str) -> tuple[torch.Tensor, ...]:
+    ids = _grammar(tokenizer, eos_id).char_ids
+    digit_ids = torch.tensor([ids[d] for d in "0123456789"], dtype=torch.long, device=device)
+    sign_ids = torch.tensor([ids["+"], ids["-"]], dtype=torch.long, device=device)
+    return char_codes(ids, vocab_size, device), digit_ids, sign_ids
+
+
+def _envelope(tokenizer, settings, rows: torch.Tensor, egos: Sequence[Optional[EgoState]], vocab_size: int,
+              device) -> KinematicEnvelope:
+    if len(egos) != rows.shape[0]:
+        raise ValueError(f"egos: {len(egos)} entries for a batch of {rows.shape[0]} rows")
+    for i, ego in enumerate(egos):
+        if ego is not None and not isinstance(ego, EgoState):
+            raise ValueError(f"egos[{i}] must be an EgoState or None, got {type(ego).__name__}")
+    velocity = torch.tensor([[e.vx, e.vy] if e is not None else [0.0, 0.0] for e in egos], dtype=torch.float32,
+                            device=device)
+    has_ego = torch.tensor([e is not None for e in egos], dtype=torch.bool, device=device)
+    codes, digit_ids, sign_ids = _envelope_tables(tokenizer, int(settings.eos_token_id), vocab_size, str(device))
+    return KinematicEnvelope(velocity, rows & has_ego, codes, digit_ids, sign_ids)
 
 
 @lru_cache(maxsize=8)
@@ -107,11 +142,13 @@ def _chain_table(length: int, device: str) -> torch.Tensor:
 
 
 def planning_constraint(tokenizer, settings, tasks: Sequence[str], length: int, vocab_size: int,
-                        device) -> Optional[TokenConstraint]:
+                        device, egos: Optional[Sequence[Optional[EgoState]]] = None) -> Optional[TokenConstraint]:
     """The trajectory grammar for the planning rows of a batch whose row i answers `tasks[i]`, when the
-    checkpoint's `settings.trajectory_format` is "fixed"; None otherwise (nothing to constrain)."""
+    checkpoint's `settings.trajectory_format` is "fixed"; None otherwise (nothing to constrain). With `egos`
+    (row i's ego state, or None) also the kinematic envelope of the planning rows that have one."""
     if settings.trajectory_format != "fixed" or "planning" not in tasks:
         return None
     allowed = _grammar_table(tokenizer, int(settings.eos_token_id), length, vocab_size, str(device))
     rows = torch.tensor([t == "planning" for t in tasks], dtype=torch.bool, device=device)
-    return TokenConstraint(allowed, rows, _chain_table(length, str(device)))
+    envelope = None if egos is None else _envelope(tokenizer, settings, rows, egos, vocab_size, device)
+    return TokenConstraint(allowed, rows, _chain_table(length, str(device)), envelope)

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 
 from ..types import Detection, EgoState
-from ..constants import BOX_SCALE, FRAME_SIZE
+from ..constants import BOX_SCALE, EGO_ACCEL_LIMITS_MPS2, FRAME_SIZE
 from .routes import Route
 
 import os  # noqa: E402
@@ -425,7 +425,7 @@ class HighwayWorld:
         """Apply a control (m/s^2, front-wheel rad + left) for one policy tick and observe."""
         ego = self.ego
         if self.driver == "policy":
-            a = float(np.clip(accel, -8.0, 5.0)) if math.isfinite(accel) else -6.0
+            a = float(np.clip(accel, *EGO_ACCEL_LIMITS_MPS2)) if math.isfinite(accel) else -6.0
             st = float(np.clip(steer, -MAX_STEER_RAD, MAX_STEER_RAD)) if math.isfinite(steer) else 0.0
             ego.act({"acceleration": a, "steering": -st})  # highway-env steers + right
         self._scenario_events()

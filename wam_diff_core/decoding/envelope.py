@@ -1,0 +1,173 @@
+"""Kinematic envelope: the fixed-style trajectory digits a decoder may commit, given the waypoints known so far.
+
+The trajectory grammar (`constraint.TrajectoryGrammar`) fixes which characters each answer position may hold;
+the envelope narrows the digits to plans a vehicle can drive. Per axis of the ego frame, the second difference of
+consecutive waypoints (with the ego at waypoint 0 and, one interval earlier, at -v dt from the prompt's velocity)
+is the mean acceleration over two intervals times dt^2, so with the accelerations bounded in [a_min, a_max]
+(constants ENVELOPE_ACCEL_X_MPS2, ENVELOPE_LATERAL_MPS2) waypoint k, m intervals after the last two known
+consecutive waypoints w_{j-1}, w_j (j = k - m), lies in
+
+    w_j + m (w_j - w_{j-1}) + m (m + 1) / 2 dt^2 [a_min, a_max].
+
+A waypoint is known once all characters of its number are committed; the known prefix of each axis moves as
+blocks finish, so the bounds of later waypoints tighten as decoding proceeds (B = 1: always m = 1).
+
+Digits are masked most significant first: a digit is allowed when some completion of the number's prefix with it
+lies in the bound (the prefix: committed characters, else this step's best allowed prediction of the characters
+before it), so whatever prefix of a number a step commits spells a value inside its bound. When no digit can
+(a committed prefix that a tighter bound excludes), the digits nearest the bound stay allowed: there is always one.
+Temperature sampling may draw a prefix character other than the best one the later masks assumed.
+All on the device, without host synchronisation; per step a fixed loop over the number's character slots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..codec import FIXED_NUMBER_WIDTH, FIXED_TRAJECTORY_CHARS, fixed_trajectory_slots
+from ..constants import (
+    ENVELOPE_ACCEL_X_MPS2,
+    ENVELOPE_LATERAL_MPS2,
+    NUM_WAYPOINTS,
+    TRAJECTORY_DECIMALS,
+    WAYPOINT_DT_S,
+)
+
+_STRIDE = FIXED_NUMBER_WIDTH + 1  # a number and its separator
+_NUMBERS = 2 * NUM_WAYPOINTS  # x1, y1, ..., x8, y8
+_SCALE = 10 ** TRAJECTORY_DECIMALS  # values in integer hundredths
+_PLUS, _MINUS, _POINT = 10, 11, 12  # character codes beside the digits 0..9; -1: not (yet) a trajectory character
+_DIGITS = "0123456789"
+
+
+def _slot_layout() -> tuple[list[int], torch.Tensor, int]:
+    """Per character slot of a number: its weight in hundredths (0 for the sign and the point), the digits the
+    grammar allows there ((FIXED_NUMBER_WIDTH, 10) bool), and the largest magnitude the style spells."""
+    slots = fixed_trajectory_slots()[:FIXED_NUMBER_WIDTH]
+    digit_slots = [q for q, chars in enumerate(slots) if set(chars) <= set(_DIGITS)]
+    weights = [0] * FIXED_NUMBER_WIDTH
+    for rank, q in enumerate(reversed(digit_slots)):
+        weights[q] = 10 ** rank
+    legal = torch.tensor([[d in chars for d in _DIGITS] for chars in slots], dtype=torch.bool)
+    largest = sum(weights[q] * max(int(c) for c in slots[q]) for q in digit_slots)
+    return weights, legal, largest
+
+
+_WEIGHTS, _LEGAL, _LARGEST = _slot_layout()
+
+
+def accel_bounds(device=None) -> torch.Tensor:
+    """(2, 2) m/s^2: [[x min, x max], [y min, y max]], the envelope's acceleration range per ego axis."""
+    return torch.tensor([list(ENVELOPE_ACCEL_X_MPS2), [-ENVELOPE_LATERAL_MPS2, ENVELOPE_LATERAL_MPS2]],
+                        dtype=torch.float32, device=device)
+
+
+def char_codes(char_ids: dict[str, int], vocab_size: int, device=None) -> torch.Tensor:
+    """(vocab_size,) long: each token's character code (digit value, _PLUS, _MINUS, _POINT), -1 for the rest."""
+    table = torch.full((vocab_size,), -1, dtype=torch.long)
+    for char, code in [(d, int(d)) for d in _DIGITS] + [("+", _PLUS), ("-", _MINUS), (".", _POINT)]:
+        table[char_ids[char]] = code
+    return table.to(device)
+
+
+def waypoint_bounds(values: torch.Tensor, known: torch.Tensor, velocity: torch.Tensor, accel: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bounds (metres) of every waypoint from the known prefix of each axis.
+
+    values, known: (batch, 2, NUM_WAYPOINTS) waypoint coordinates per axis (x, y) and whether each is known;
+    velocity: (batch, 2) ego velocity (m/s); accel: (2, 2) from `accel_bounds`. -> (lo, hi), each
+    (batch, 2, NUM_WAYPOINTS); only the waypoints after the known prefix are meaningful."""
+    dt = WAYPOINT_DT_S
+    prefix = known.long().cumprod(dim=-1).sum(dim=-1, keepdim=True)  # (batch, 2, 1) waypoints known in order
+    series = torch.cat([-velocity[..., None] * dt, torch.zeros_like(velocity[..., None]), values], dim=-1)
+    last = series.gather(-1, prefix + 1)  # w_P (series index i holds waypoint i - 1)
+    before = series.gather(-1, prefix)  # w_{P-1}
+    k = torch.arange(1, NUM_WAYPOINTS + 1, device=values.device)
+    m = (k - prefix).clamp(min=1).to(values.dtype)
+    reach = last + m * (last - before)
+    spread = m * (m + 1) / 2 * dt * dt
+    return reach + spread * accel[:, 0, None], reach + spread * accel[:, 1, None]
+
+
+@dataclass(frozen=True)
+class KinematicEnvelope:
+    """velocity: (batch, 2) ego vx, vy (m/s) per row; active: (batch,) bool, the rows it constrains (planning rows
+    with an ego state); codes: (vocab,) from `char_codes`; digit_ids: (10,) token ids of '0'..'9';
+    sign_ids: (2,) of '+', '-'."""
+
+    velocity: torch.Tensor
+    active: torch.Tensor
+    codes: torch.Tensor
+    digit_ids: torch.Tensor
+    sign_ids: torch.Tensor
+
+    def apply(self, logits: torch.Tensor, start: int, answer: torch.Tensor) -> torch.Tensor:
+        """logits (batch, n, vocab) predicting answer positions start .. start + n - 1; answer (batch, >= start)
+        the answer's tokens so far (uncommitted positions: any token that is not a trajectory character, e.g.
+        the mask) -> the logits with the digits and signs outside the envelope at -inf in the active rows."""
+        n = logits.shape[1]
+        if start >= FIXED_TRAJECTORY_CHARS:
+            return logits
+        device = logits.device
+        b = logits.shape[0]
+        length = _NUMBERS * _STRIDE
+        tokens = answer[:, :length]
+        if tokens.shape[1] < length:
+            tokens = torch.cat([tokens, torch.full((b, length - tokens.shape[1]), -1, dtype=tokens.dtype,
+                                                   device=device)], dim=1)
+        codes = torch.where(tokens >= 0, self.codes[tokens.clamp(min=0)], -1).view(b, _NUMBERS, _STRIDE)
+        codes = codes[:, :, :FIXED_NUMBER_WIDTH].clone()  # (batch, numbers, slots), filled as slots are masked
+        weights = torch.tensor(_WEIGHTS, device=device)
+        digits = codes.clamp(min=0, max=9) * (weights > 0)
+        magnitude = (digits * weights).sum(-1)
+        sign = torch.where(codes[:, :, 0] == _MINUS, -1, 1)
+        known = (codes >= 0).all(dim=-1)
+        values = (sign * magnitude).float() / _SCALE
+        by_axis = values.view(b, NUM_WAYPOINTS, 2).transpose(1, 2)
+        known_axis = known.view(b, NUM_WAYPOINTS, 2).transpose(1, 2)
+        lo, hi = waypoint_bounds(by_axis, known_axis, self.velocity.float(), accel_bounds(device))
+        lo = torch.floor(lo.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)  # (batch, numbers) hundredths
+        hi = torch.ceil(hi.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)
+
+        out = logits.clone()
+        legal = _LEGAL.to(device)
+        for q in range(FIXED_NUMBER_WIDTH):
+            # window positions holding slot q of a number (host ints: the layout is static)
+            pos = [p for p in range(start + (q - start) % _STRIDE, min(start + n, FIXED_TRAJECTORY_CHARS), _STRIDE)]
+            if not pos or (q > 0 and _WEIGHTS[q] == 0):
+                continue  # the point has one spelling
+            nums = torch.tensor([p // _STRIDE for p in pos], device=device)
+            rel = torch.tensor([p - start for p in pos], device=device)
+            lo_q, hi_q = lo[:, nums, None], hi[:, nums, None]  # (batch, k, 1)
+            if q == 0:
+                ids = self.sign_ids
+                vmin = torch.tensor([0, -_LARGEST], device=device, dtype=lo.dtype)
+                vmax = torch.tensor([_LARGEST, 0], device=device, dtype=lo.dtype)
+                vmin, vmax = vmin.expand(b, len(pos), 2), vmax.expand(b, len(pos), 2)
+                ok = torch.ones(2, dtype=torch.bool, device=device)
+            else:
+                ids = self.digit_ids
+                w = _WEIGHTS[q]
+                above = (digits[:, nums] * (torch.arange(FIXED_NUMBER_WIDTH, device=device) < q) * weights).sum(-1)
+                low = (above[..., None] + torch.arange(10, device=device) * w).to(lo.dtype)  # (batch, k, 10)
+                high = low + (w - 1)
+                s = sign[:, nums, None]
+                vmin, vmax = torch.where(s > 0, low, -high), torch.where(s > 0, high, -low)
+                ok = legal[q]
+            dist = (lo_q - vmax).clamp(min=0) + (vmin - hi_q).clamp(min=0)
+            dist = dist.masked_fill(~ok, float("inf"))
+            allowed = (dist <= dist.amin(dim=-1, keepdim=True)) | ~self.active[:, None, None]
+            sub = out[:, rel[:, None], ids[None, :]]  # (batch, k, candidates)
+            sub = sub.masked_fill(~allowed, float("-inf"))
+            out[:, rel[:, None], ids[None, :]] = sub
+            # this step's best allowed character where the slot is not committed: the prefix of the slots after
+            best = sub.argmax(dim=-1)
+            code = best + _PLUS if q == 0 else best
+            fill = codes[:, nums, q] < 0
+            codes[:, nums, q] = torch.where(fill, code, codes[:, nums, q])
+            if q == 0:
+                sign[:, nums] = torch.where(codes[:, nums, 0] == _MINUS, -1, 1)
+            else:
+                digits[:, nums, q] = codes[:, nums, q].clamp(min=0, max=9)
+        return out
