@@ -330,9 +330,12 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 
 
 # ---------------------------------------------------------------- CLI
-def policy_overrides(block_size: Optional[int], steps: Optional[int], number_order: Optional[bool] = None) -> Optional[dict]:
+def policy_overrides(block_size: Optional[int], steps: Optional[int], number_order: Optional[bool] = None,
+                     kinematic_envelope: Optional[bool] = None) -> Optional[dict]:
     """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
     out = {} if number_order is None else {"number_order": bool(number_order)}
+    if kinematic_envelope is not None:
+        out["kinematic_envelope"] = bool(kinematic_envelope)
     if block_size is not None:
         out["block_size"] = block_size
         if steps is not None or block_size == 1:
@@ -343,7 +346,8 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int], number_ord
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --block-size, --steps, --number-order: how every suite command runs a learned policy (see
+    """--device, --block-size, --steps, --number-order, --kinematic-envelope: how every suite command runs a
+    learned policy (see
     `policy_overrides`, `cli_overrides`)."""
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=None,
@@ -353,12 +357,16 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--number-order", choices=("on", "off"), default=None,
                         help="learned policy: commit each trajectory number's digits most significant first "
                              "(default: the checkpoint's own, on when it does not say)")
+    parser.add_argument("--kinematic-envelope", choices=("on", "off"), default=None,
+                        help="learned policy: decode plans inside the kinematic envelope (default: on; "
+                             "wam_diff_core/decoding/envelope.py)")
 
 
 def cli_overrides(args) -> Optional[dict]:
     """`policy_overrides` of the options `add_decoding_arguments` added."""
     order = None if args.number_order is None else args.number_order == "on"
-    return policy_overrides(args.block_size, args.steps, order)
+    envelope = None if args.kinematic_envelope is None else args.kinematic_envelope == "on"
+    return policy_overrides(args.block_size, args.steps, order, envelope)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
