@@ -1,0 +1,77 @@
+"""Planning tokens/s of several decodings in one pass, taking turns sample by sample (load on the machine falls
+on all of them alike), as the report's speed pass does, with the kinematic envelope on or off per entry.
+
+    .venv/bin/python scripts/speed_pass.py --data runs/occ/data_plan/val.json --samples 64 --out runs/v19/speed \\
+        "AR=models/nano-s-ar" "AR raw=models/nano-s-ar:raw" "(zh)=models/nano-s-b32" "(zh) raw=models/nano-s-b32:raw"
+
+Each entry is LABEL=CHECKPOINT_DIR[@K | @BxK][:raw] (`:raw`: without the envelope); the first is the reference
+of the x columns. Writes OUT/speed.json and prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.l2_gap import STRATEGY, THRESHOLD, parse_model  # noqa: E402
+from training.report.open_loop import Decoded, decode_examples, decoder_config, load_split  # noqa: E402
+from wam_diff_core.model.settings import steps_for_block  # noqa: E402
+from wam_diff_core.policy import TASK_BUDGET  # noqa: E402
+
+RAW = ":raw"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK][:raw], the first the reference")
+    p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    if args.samples < 1:
+        raise SystemExit(f"--samples must be >= 1, got {args.samples}")
+    from wam_diff_core.model.checkpoint import load_model
+
+    runs, cache = [], {}
+    for spec in args.models:
+        raw = spec.endswith(RAW)
+        label, path, block, steps = parse_model(spec[: -len(RAW)] if raw else spec, args.steps)
+        loaded = cache.setdefault(path, load_model(path))
+        B = block or loaded.settings.trained_block_size
+        cfg = decoder_config(B, steps_for_block(B, steps), STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
+                             True, not raw)
+        runs.append((label, loaded, cfg, Decoded([], 0, 0, 0.0)))
+    examples = load_split(args.data, runs[0][1], "planning", args.samples)
+    for x in examples:
+        for _, loaded, cfg, acc in runs:
+            one = decode_examples(loaded, [x], cfg, progress=False)
+            acc.tokens += one.tokens
+            acc.forwards += one.forwards
+            acc.seconds += one.seconds
+    ref = runs[0][3].tokens_per_s
+    result = {"data": args.data, "samples": len(examples), "threads": torch.get_num_threads(),
+              "models": [{"label": label, "block_size": cfg.block_size, "steps": cfg.steps,
+                          "kinematic_envelope": cfg.kinematic_envelope, "tokens": acc.tokens, "seconds": acc.seconds,
+                          "tokens_per_s": acc.tokens_per_s, "x_reference": acc.tokens_per_s / ref,
+                          "ms_per_plan": 1000 * acc.seconds / len(examples)} for label, _, cfg, acc in runs]}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "speed.json").write_text(json.dumps(result, indent=2))
+    print(f"{len(examples)} planning samples, {result['threads']} threads, entries taking turns per sample\n")
+    print("| decoding | B | K | envelope | tokens/s | x first | ms per plan |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for m in result["models"]:
+        print(f"| {m['label']} | {m['block_size']} | {m['steps']} | {'on' if m['kinematic_envelope'] else 'off'} | "
+              f"{m['tokens_per_s']:.0f} | {m['x_reference']:.2f} | {m['ms_per_plan']:.0f} |")
+    print(f"\nwritten: {out / 'speed.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
