@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.l2_gap import STRATEGY, THRESHOLD, parse_model  # noqa: E402
-from training.report.open_loop import Decoded, decode_examples, decoder_config, load_split  # noqa: E402
+from training.report.open_loop import decode_in_turns, decoder_config, load_split  # noqa: E402
 from wam_diff_core.model.settings import steps_for_block  # noqa: E402
 from wam_diff_core.policy import TASK_BUDGET  # noqa: E402
 
@@ -46,14 +46,10 @@ def main(argv=None) -> int:
         B = block or loaded.settings.trained_block_size
         cfg = decoder_config(B, steps_for_block(B, steps), STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
                              True, not raw)
-        runs.append((label, loaded, cfg, Decoded([], 0, 0, 0.0)))
+        runs.append((label, loaded, cfg))
     examples = load_split(args.data, runs[0][1], "planning", args.samples)
-    for x in examples:
-        for _, loaded, cfg, acc in runs:
-            one = decode_examples(loaded, [x], cfg, progress=False)
-            acc.tokens += one.tokens
-            acc.forwards += one.forwards
-            acc.seconds += one.seconds
+    totals = decode_in_turns(examples, [(loaded, cfg) for _, loaded, cfg in runs])
+    runs = [(label, loaded, cfg, acc) for (label, loaded, cfg), acc in zip(runs, totals)]
     ref = runs[0][3].tokens_per_s
     result = {"data": args.data, "samples": len(examples), "threads": torch.get_num_threads(),
               "models": [{"label": label, "block_size": cfg.block_size, "steps": cfg.steps,

@@ -198,7 +198,7 @@ class Report:
     def speed_pass(self) -> dict:
         """tokens/s of every model in one pass, the models taking turns sample by sample (so load on
         the machine falls on all of them alike): the table's speed column and the x-AR ratios."""
-        from .open_loop import Decoded, decode_examples, decoder_config
+        from .open_loop import decode_in_turns, decoder_config
 
         path = self.out / "speed.json"
         cached = self._cached(path)
@@ -210,15 +210,10 @@ class Report:
             loaded = self.loaded(entry)
             B = block_size_of(entry, loaded)
             runs.append((entry, loaded, decoder_config(B, d.steps, d.strategy, d.threshold,
-                                                       self.spec.max_new_tokens["planning"], self.number_order(entry)),
-                         Decoded([], 0, 0, 0.0)))
+                                                       self.spec.max_new_tokens["planning"], self.number_order(entry))))
         examples = self.examples("planning", runs[0][1])
-        for x in examples:
-            for entry, loaded, cfg, acc in runs:
-                one = decode_examples(loaded, [x], cfg, progress=False)
-                acc.tokens += one.tokens
-                acc.forwards += one.forwards
-                acc.seconds += one.seconds
+        totals = decode_in_turns(examples, [(loaded, cfg) for _, loaded, cfg in runs])
+        runs = [(entry, loaded, cfg, acc) for (entry, loaded, cfg), acc in zip(runs, totals)]
         result = {"samples": len(examples), "threads": torch.get_num_threads(),
                   "models": {e.name: {"block_size": cfg.block_size, "steps": cfg.steps, "tokens": acc.tokens,
                                       "seconds": acc.seconds, "tokens_per_s": acc.tokens_per_s,

@@ -81,6 +81,19 @@ def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: Decod
     return Decoded(preds, tokens, forwards, seconds)
 
 
+def decode_in_turns(examples: Sequence[Example], runs: Sequence[tuple[LoadedModel, DecoderConfig]]) -> list[Decoded]:
+    """Each (model, decoder config) of `runs` decodes every example, taking turns example by example (so load on
+    the machine falls on all of them alike): their summed clocks, one per run (no predictions kept)."""
+    totals = [Decoded([], 0, 0, 0.0) for _ in runs]
+    for x in examples:
+        for (loaded, cfg), acc in zip(runs, totals):
+            one = decode_examples(loaded, [x], cfg, progress=False)
+            acc.tokens += one.tokens
+            acc.forwards += one.forwards
+            acc.seconds += one.seconds
+    return totals
+
+
 def write_predictions(path: Path, decoded: Decoded) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"id": p["id"], "text": p["text"]}) + "\n" for p in decoded.predictions))
