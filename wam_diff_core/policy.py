@@ -124,7 +124,7 @@ class DrivingPolicy:
         asks for it)."""
         batch = self.processor.encode(prompts, [images] * len(prompts)).to(self.device)
         settings = self.loaded.settings
-        egos = [ego if t == "planning" else None for t in tasks] if cfg.kinematic_envelope and ego else None
+        egos = [ego if t == "planning" else None for t in tasks] if cfg.kinematic_envelope and ego is not None else None
         grammar = planning_constraint(self.processor.tokenizer, settings, tasks, cfg.answer_positions,
                                       self.runner.vocab_size, self.device, egos)
         result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)

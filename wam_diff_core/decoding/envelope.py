@@ -22,6 +22,7 @@ All on the device, without host synchronisation; per step a fixed loop over the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -55,6 +56,30 @@ def _slot_layout() -> tuple[list[int], torch.Tensor, int]:
 
 
 _WEIGHTS, _LEGAL, _LARGEST = _slot_layout()
+
+
+@lru_cache(maxsize=64)
+def _window(start: int, n: int, device: str) -> tuple[tuple[int, torch.Tensor, torch.Tensor], ...]:
+    """Per character slot q with a digit or sign in answer positions start .. start + n - 1: (q, the numbers
+    holding it there, their positions relative to start). The layout is static, so this is host arithmetic."""
+    out = []
+    for q in range(FIXED_NUMBER_WIDTH):
+        if q > 0 and _WEIGHTS[q] == 0:
+            continue  # the point has one spelling
+        pos = list(range(start + (q - start) % _STRIDE, min(start + n, FIXED_TRAJECTORY_CHARS), _STRIDE))
+        if pos:
+            out.append((q, torch.tensor([p // _STRIDE for p in pos], device=device),
+                        torch.tensor([p - start for p in pos], device=device)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=8)
+def _tables(device: str) -> tuple[torch.Tensor, ...]:
+    """Slot weights, the grammar's legal digits per slot, the acceleration bounds, the candidate digits, the
+    slot indices, and the sign candidates' value ranges, on `device`."""
+    return (torch.tensor(_WEIGHTS, device=device), _LEGAL.to(device), accel_bounds(device),
+            torch.arange(10, device=device), torch.arange(FIXED_NUMBER_WIDTH, device=device),
+            torch.tensor([0.0, -_LARGEST], device=device), torch.tensor([float(_LARGEST), 0.0], device=device))
 
 
 def accel_bounds(device=None) -> torch.Tensor:
@@ -118,7 +143,7 @@ class KinematicEnvelope:
                                                    device=device)], dim=1)
         codes = torch.where(tokens >= 0, self.codes[tokens.clamp(min=0)], -1).view(b, _NUMBERS, _STRIDE)
         codes = codes[:, :, :FIXED_NUMBER_WIDTH].clone()  # (batch, numbers, slots), filled as slots are masked
-        weights = torch.tensor(_WEIGHTS, device=device)
+        weights, legal, accel, ten, slots, sign_lo, sign_hi = _tables(str(device))
         digits = codes.clamp(min=0, max=9) * (weights > 0)
         magnitude = (digits * weights).sum(-1)
         sign = torch.where(codes[:, :, 0] == _MINUS, -1, 1)
@@ -126,37 +151,29 @@ class KinematicEnvelope:
         values = (sign * magnitude).float() / _SCALE
         by_axis = values.view(b, NUM_WAYPOINTS, 2).transpose(1, 2)
         known_axis = known.view(b, NUM_WAYPOINTS, 2).transpose(1, 2)
-        lo, hi = waypoint_bounds(by_axis, known_axis, self.velocity.float(), accel_bounds(device))
+        lo, hi = waypoint_bounds(by_axis, known_axis, self.velocity.float(), accel)
         lo = torch.floor(lo.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)  # (batch, numbers) hundredths
         hi = torch.ceil(hi.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)
 
         out = logits.clone()
-        legal = _LEGAL.to(device)
-        for q in range(FIXED_NUMBER_WIDTH):
-            # window positions holding slot q of a number (host ints: the layout is static)
-            pos = [p for p in range(start + (q - start) % _STRIDE, min(start + n, FIXED_TRAJECTORY_CHARS), _STRIDE)]
-            if not pos or (q > 0 and _WEIGHTS[q] == 0):
-                continue  # the point has one spelling
-            nums = torch.tensor([p // _STRIDE for p in pos], device=device)
-            rel = torch.tensor([p - start for p in pos], device=device)
+        for q, nums, rel in _window(start, n, str(device)):
             lo_q, hi_q = lo[:, nums, None], hi[:, nums, None]  # (batch, k, 1)
             if q == 0:
                 ids = self.sign_ids
-                vmin = torch.tensor([0, -_LARGEST], device=device, dtype=lo.dtype)
-                vmax = torch.tensor([_LARGEST, 0], device=device, dtype=lo.dtype)
-                vmin, vmax = vmin.expand(b, len(pos), 2), vmax.expand(b, len(pos), 2)
-                ok = torch.ones(2, dtype=torch.bool, device=device)
+                vmin, vmax = sign_lo.expand(b, len(nums), 2), sign_hi.expand(b, len(nums), 2)
+                ok = None
             else:
                 ids = self.digit_ids
                 w = _WEIGHTS[q]
-                above = (digits[:, nums] * (torch.arange(FIXED_NUMBER_WIDTH, device=device) < q) * weights).sum(-1)
-                low = (above[..., None] + torch.arange(10, device=device) * w).to(lo.dtype)  # (batch, k, 10)
+                above = (digits[:, nums] * (slots < q) * weights).sum(-1)
+                low = (above[..., None] + ten * w).to(lo.dtype)  # (batch, k, 10)
                 high = low + (w - 1)
                 s = sign[:, nums, None]
                 vmin, vmax = torch.where(s > 0, low, -high), torch.where(s > 0, high, -low)
                 ok = legal[q]
             dist = (lo_q - vmax).clamp(min=0) + (vmin - hi_q).clamp(min=0)
-            dist = dist.masked_fill(~ok, float("inf"))
+            if ok is not None:
+                dist = dist.masked_fill(~ok, float("inf"))
             allowed = (dist <= dist.amin(dim=-1, keepdim=True)) | ~self.active[:, None, None]
             sub = out[:, rel[:, None], ids[None, :]]  # (batch, k, candidates)
             sub = sub.masked_fill(~allowed, float("-inf"))
