@@ -33,6 +33,7 @@ from training.report.l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, gr
 from training.report.spec import slugify  # noqa: E402
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
 from wam_diff_core.model.settings import steps_for_block  # noqa: E402
+from wam_diff_core.policy import TASK_BUDGET  # noqa: E402
 
 STRATEGY, THRESHOLD = "low_confidence_dynamic", 0.9
 
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
         clock_path = pred_path.with_suffix(".decode.json")
         if not (args.resume and pred_path.is_file()):
             examples = load_split(split, loaded, "planning", args.samples)
-            cfg = decoder_config(B, K, STRATEGY, THRESHOLD, 128, args.number_order == "on",
+            cfg = decoder_config(B, K, STRATEGY, THRESHOLD, TASK_BUDGET["planning"], args.number_order == "on",
                                  args.kinematic_envelope == "on")
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)

@@ -23,7 +23,7 @@ import torch
 
 from ..codec import FIXED_TRAJECTORY_CHARS, fixed_trajectory_chain_starts, fixed_trajectory_slots
 from ..types import EgoState
-from .envelope import KinematicEnvelope, char_codes
+from .envelope import KinematicEnvelope, token_tables
 
 
 @dataclass(frozen=True)
@@ -116,10 +116,7 @@ def _grammar_table(tokenizer, eos_id: int, length: int, vocab_size: int, device:
 
 @lru_cache(maxsize=8)
 def _envelope_tables(tokenizer, eos_id: int, vocab_size: int, device: str) -> tuple[torch.Tensor, ...]:
-    ids = _grammar(tokenizer, eos_id).char_ids
-    digit_ids = torch.tensor([ids[d] for d in "0123456789"], dtype=torch.long, device=device)
-    sign_ids = torch.tensor([ids["+"], ids["-"]], dtype=torch.long, device=device)
-    return char_codes(ids, vocab_size, device), digit_ids, sign_ids
+    return token_tables(_grammar(tokenizer, eos_id).char_ids, vocab_size, device)
 
 
 def _envelope(tokenizer, settings, rows: torch.Tensor, egos: Sequence[Optional[EgoState]], vocab_size: int,

@@ -88,12 +88,16 @@ def accel_bounds(device=None) -> torch.Tensor:
                         dtype=torch.float32, device=device)
 
 
-def char_codes(char_ids: dict[str, int], vocab_size: int, device=None) -> torch.Tensor:
-    """(vocab_size,) long: each token's character code (digit value, _PLUS, _MINUS, _POINT), -1 for the rest."""
+def token_tables(char_ids: dict[str, int], vocab_size: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The grammar's character token ids -> (codes, digit_ids, sign_ids): codes (vocab_size,) long, each token's
+    character code (digit value, _PLUS, _MINUS, _POINT; -1 for the rest); digit_ids (10,) the ids of '0'..'9';
+    sign_ids (2,) of '+', '-' (the order of the sign codes)."""
     table = torch.full((vocab_size,), -1, dtype=torch.long)
     for char, code in [(d, int(d)) for d in _DIGITS] + [("+", _PLUS), ("-", _MINUS), (".", _POINT)]:
         table[char_ids[char]] = code
-    return table.to(device)
+    digit_ids = torch.tensor([char_ids[d] for d in _DIGITS], dtype=torch.long, device=device)
+    sign_ids = torch.tensor([char_ids["+"], char_ids["-"]], dtype=torch.long, device=device)
+    return table.to(device), digit_ids, sign_ids
 
 
 def waypoint_bounds(values: torch.Tensor, known: torch.Tensor, velocity: torch.Tensor, accel: torch.Tensor
@@ -118,8 +122,7 @@ def waypoint_bounds(values: torch.Tensor, known: torch.Tensor, velocity: torch.T
 @dataclass(frozen=True)
 class KinematicEnvelope:
     """velocity: (batch, 2) ego vx, vy (m/s) per row; active: (batch,) bool, the rows it constrains (planning rows
-    with an ego state); codes: (vocab,) from `char_codes`; digit_ids: (10,) token ids of '0'..'9';
-    sign_ids: (2,) of '+', '-'."""
+    with an ego state); codes, digit_ids, sign_ids: from `token_tables`."""
 
     velocity: torch.Tensor
     active: torch.Tensor
