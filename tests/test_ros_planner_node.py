@@ -524,6 +524,8 @@ def test_block_size_and_steps_default_to_the_checkpoints_own(nano, tmp_path):
     save_model(b16, tmp_path / "b16")
     cfg = load_policy(dataclasses.replace(base, model=str(tmp_path / "b16"))).config
     assert (cfg.block_size, cfg.steps) == (16, b16.settings.decoding.steps)
+    assert cfg.kinematic_envelope is True  # on unless the parameter turns it off
+    assert load_policy(dataclasses.replace(base, kinematic_envelope=False)).config.kinematic_envelope is False
 
 
 def test_nano_model_end_to_end_image_in_trajectory_and_answer_out(ros):

@@ -64,6 +64,8 @@ PARAMETERS = {
     "remasking_strategy": ("low_confidence_dynamic", "low_confidence_dynamic, low_confidence_static or sequential"),
     "remasking_threshold": (0.9, "confidence threshold of low_confidence_dynamic"),
     "max_new_tokens": (0, "token budget per answer; 0 = the model's default"),
+    "kinematic_envelope": (True, "decode plans inside the kinematic envelope (wam_diff_core/decoding/envelope.py; "
+                                 "eager decoding only, not the CUDA-graph path)"),
     "tasks": (["planning"], f"tasks run on every frame set, subset of {list(PLAN_TASKS)}"),
     "camera_topics": (["/camera/image_raw"], "camera topics in prompt order; '/compressed' suffix = CompressedImage"),
     "image_reliability": ("best_effort", "camera QoS reliability: best_effort or reliable (depth is always 1)"),
@@ -94,6 +96,7 @@ class PolicySettings:
     remasking_threshold: float
     max_new_tokens: int
     tasks: tuple[str, ...]
+    kinematic_envelope: bool = True
 
 
 def load_policy(settings: PolicySettings):
@@ -106,7 +109,8 @@ def load_policy(settings: PolicySettings):
     from wam_diff_core.policy import DrivingPolicy
 
     kwargs = dict(strategy=settings.remasking_strategy, threshold=settings.remasking_threshold,
-                  backend=settings.attention_backend, cuda_graphs=settings.cuda_graphs, tasks=settings.tasks)
+                  backend=settings.attention_backend, cuda_graphs=settings.cuda_graphs, tasks=settings.tasks,
+                  kinematic_envelope=settings.kinematic_envelope)
     if settings.block_size > 0:
         kwargs["block_size"] = settings.block_size
     if settings.denoising_steps > 0:
@@ -294,7 +298,7 @@ class PlannerNode(LifecycleNode):
             cuda_graphs=bool(p["cuda_graphs"]), block_size=int(p["block_size"]),
             denoising_steps=int(p["denoising_steps"]), remasking_strategy=str(p["remasking_strategy"]),
             remasking_threshold=float(p["remasking_threshold"]), max_new_tokens=int(p["max_new_tokens"]),
-            tasks=p["tasks"])
+            tasks=p["tasks"], kinematic_envelope=bool(p["kinematic_envelope"]))
         return p
 
     # ------------------------------------------------------------------ inputs (executor threads)
