@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from wam_diff_core.constants import REPLAN_EVERY, WAYPOINT_DT_S  # noqa: E402
+from wam_diff_core.sim.routes import add_frame_size_argument, parse_frame_size  # noqa: E402
 
 HORIZONS_S = (1.0, 2.0, 4.0)
 _COLUMNS = [int(round(h / WAYPOINT_DT_S)) - 1 for h in HORIZONS_S]  # waypoint indices
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--route", required=True, help="route id of the suite")
     p.add_argument("--routes", default=None, help="route suite JSON (default: the bundled one)")
     p.add_argument("--out", required=True)
-    p.add_argument("--frame-size", default="256x128", help="WxH of the camera frame")
+    add_frame_size_argument(p, policy_default=False)
     p.add_argument("--replan-every", type=int, default=REPLAN_EVERY)
     args = p.parse_args(argv)
     from wam_diff_core.sim.closed_loop import run_route
@@ -86,13 +87,13 @@ def main(argv=None) -> int:
         if label in probed or label == "expert":
             raise SystemExit(f"model label {label!r} is taken")
         probed[label] = load_policy(path)
+    frame_size = parse_frame_size(args.frame_size)
     try:
-        w, h = (int(v) for v in args.frame_size.lower().split("x"))
-    except ValueError:
-        raise SystemExit(f"--frame-size {args.frame_size!r}: expected WxH, e.g. 256x128") from None
-    route = load_routes(args.routes, ids=[args.route])[0]
+        route = load_routes(args.routes, ids=[args.route])[0]
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(str(exc)) from None
     probe = ExpertProbe(load_policy("expert-plan"), probed)
-    record = run_route(route, probe, replan_every=args.replan_every, frame_size=(w, h))
+    record = run_route(route, probe, replan_every=args.replan_every, frame_size=frame_size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"route": route.route_id, "status": record["status"], "completion": record["completion"],

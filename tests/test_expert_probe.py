@@ -33,6 +33,10 @@ def test_probe_records_each_policy_beside_the_expert_at_every_replan(tmp_path, c
     assert "t_left: expert Completed" in capsys.readouterr().out
 
 
-def test_probe_refuses_a_model_without_a_label(tmp_path):
+def test_probe_refuses_a_model_without_a_label_a_bad_frame_size_and_an_unknown_route(tmp_path):
     with pytest.raises(SystemExit, match="LABEL=PATH"):
         probe.main(["--route", "t_left", "--out", str(tmp_path), "constant-velocity"])
+    with pytest.raises(SystemExit, match="expected WxH"):
+        probe.main(["--route", "roundabout_01", "--out", str(tmp_path), "--frame-size", "12", "cv=constant-velocity"])
+    with pytest.raises(SystemExit, match="not in suite"):
+        probe.main(["--route", "no_such_route", "--out", str(tmp_path), "cv=constant-velocity"])
