@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from wam_diff_core.constants import REPLAN_EVERY, WAYPOINT_DT_S  # noqa: E402
+from wam_diff_core.sim.policies import safe_plan  # noqa: E402
 from wam_diff_core.sim.routes import add_frame_size_argument, parse_frame_size  # noqa: E402
 
 HORIZONS_S = (1.0, 2.0, 4.0)
@@ -48,11 +49,11 @@ class ExpertProbe:
             if hasattr(policy, "bind"):
                 policy.bind(world)
 
-    def plan(self, images, ego, command):
+    def plan(self, images, ego, command, target=None):
         plan = self.expert.plan(images, ego, command)
         row = {"t": round(float(self.world._t), 2), "speed": round(float(ego.speed), 2), "command": command,
                "expert": lateral(plan)}
-        row.update({label: lateral(policy.plan(images, ego, command)) for label, policy in self.probed.items()})
+        row.update({label: lateral(safe_plan(policy, images, ego, command, target)) for label, policy in self.probed.items()})
         self.rows.append(row)
         return plan
 

@@ -96,7 +96,8 @@ def main() -> int:
         B = loaded.settings.trained_block_size
         for task, split in zip(tasks, splits):
             ds = DrivingDataset(split, loaded.processor, 1 << 16, 1 << 16, "skip", tasks=[task],
-                                trajectory_format=loaded.settings.trajectory_format)
+                                trajectory_format=loaded.settings.trajectory_format,
+                                route_targets=loaded.settings.route_target)
             if len(ds) < 2:
                 raise SystemExit(f"{split}: fewer than 2 usable {task!r} samples")
             row = {"model": path, "block_size": B, "task": task, "split": split,

@@ -47,8 +47,12 @@ def main(argv=None) -> int:
         cfg = decoder_config(B, steps_for_block(B, steps), STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
                              True, not raw)
         runs.append((label, loaded, cfg))
-    examples = load_split(args.data, runs[0][1], "planning", args.samples)
-    totals = decode_in_turns(examples, [(loaded, cfg) for _, loaded, cfg in runs])
+    split = {}  # the samples, encoded once per checkpoint as it is asked them
+    for _, loaded, _ in runs:
+        if id(loaded) not in split:
+            split[id(loaded)] = load_split(args.data, loaded, "planning", args.samples)
+    totals = decode_in_turns([(loaded, cfg, split[id(loaded)]) for _, loaded, cfg in runs])
+    examples = split[id(runs[0][1])]
     runs = [(label, loaded, cfg, acc) for (label, loaded, cfg), acc in zip(runs, totals)]
     ref = runs[0][3].tokens_per_s
     result = {"data": args.data, "samples": len(examples), "threads": torch.get_num_threads(),

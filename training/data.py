@@ -28,7 +28,7 @@ from wam_diff_core.codec import ParseError, format_trajectory, parse_trajectory
 from wam_diff_core.constants import EOS_TOKEN, TRAJECTORY_FORMATS
 from wam_diff_core.decoding.constraint import TrajectoryGrammar
 from wam_diff_core.model.processor import VLProcessor
-from wam_diff_core.prompts import parse_planning_ego, sample_to_chat
+from wam_diff_core.prompts import parse_planning_ego, parse_route_target, sample_to_chat, without_route_target
 from wam_diff_core.types import EgoState
 
 from .perception import sample_occupancy
@@ -158,7 +158,8 @@ class DrivingDataset(torch.utils.data.Dataset):
     def __init__(self, path: Union[str, Path], processor: VLProcessor, max_prompt_tokens: int = 4096,
                  max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None,
                  tasks: Optional[Sequence[str]] = None, trajectory_format: str = "official",
-                 occupancy_cells: Optional[int] = None, scenarios: Optional[Sequence[str]] = None):
+                 occupancy_cells: Optional[int] = None, scenarios: Optional[Sequence[str]] = None,
+                 route_targets: bool = True):
         if on_bad_sample not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"on_bad_sample must be one of {BAD_SAMPLE_POLICIES}, got {on_bad_sample!r}")
         if trajectory_format not in TRAJECTORY_FORMATS:
@@ -174,8 +175,10 @@ class DrivingDataset(torch.utils.data.Dataset):
         self.skipped_ids: list[tuple[str, str]] = []
         self.tasks = [tasks] if isinstance(tasks, str) else (list(tasks) if tasks else None)
         self.occupancy_cells = occupancy_cells  # set: Examples carry perception targets from meta boxes
+        self.route_targets = route_targets  # False: planning prompts lose their route target sentence (old checkpoints)
         self.metas: list = []  # the kept samples' meta (when occupancy_cells is set)
         self.planning_frame_sizes: Counter = Counter()  # (W, H) of the kept planning samples' images
+        self.planning_route_targets = 0  # kept planning samples whose prompt states a route target point
         tok = processor.tokenizer
         self.eos_id = int(tok.convert_tokens_to_ids(EOS_TOKEN))
         self.grammar = TrajectoryGrammar(tok, self.eos_id) if trajectory_format == "fixed" else None
@@ -211,6 +214,8 @@ class DrivingDataset(torch.utils.data.Dataset):
             prompt, response = sample_to_chat(sample)
         except ValueError as exc:
             raise DataError(f"bad conversation: {exc}") from exc
+        if not self.route_targets:
+            prompt = without_route_target(prompt)
         task = str(sample.get("task", ""))
         response = self._restyle(task, response)
         paths = [self.root / p for p in sample["image"]]
@@ -249,6 +254,7 @@ class DrivingDataset(torch.utils.data.Dataset):
             kept.append((sid, task, prompt, response, paths))
             if task == "planning":
                 self.planning_frame_sizes.update(sizes)
+                self.planning_route_targets += parse_route_target(prompt) is not None
             if self.occupancy_cells:
                 self.metas.append(sample.get("meta"))
         return kept
@@ -322,6 +328,10 @@ class MixedDataset(torch.utils.data.Dataset):
     def planning_frame_sizes(self) -> dict[str, int]:
         """'WxH' -> planning images of that size in the weighted datasets."""
         return {f"{w}x{h}": n for (w, h), n in sorted(self._planning_sizes().items())}
+
+    def planning_route_targets(self) -> int:
+        """Planning samples of the weighted datasets whose prompt states a route target point."""
+        return sum(d.planning_route_targets for d, w in zip(self.datasets, self.weights) if w > 0)
 
     def skipped(self) -> dict[str, int]:
         out: dict[str, int] = {}

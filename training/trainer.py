@@ -274,6 +274,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     elif frame_sizes:
         print(f"note: planning frames of several sizes {frame_sizes}; the checkpoint keeps "
               f"frame_size {loaded.settings.frame_size}", flush=True)
+    route_targets = dataset.planning_route_targets()
+    if route_targets:  # the checkpoint's planning prompts may state a route target point: its policies give it one
+        loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, route_target=True))
     sampler = MixSampler(dataset.sizes, dataset.weights, tc.batch_size, tc.seed, dc.epoch_size, ctx.rank, ctx.world)
     steps_total = tc.max_steps or max(1, math.ceil(tc.epochs * sampler.batches_per_epoch / tc.grad_accum))
     warmup = cfg.optim.warmup_steps if cfg.optim.warmup_steps is not None else math.ceil(cfg.optim.warmup_ratio * steps_total)
@@ -415,11 +418,11 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         shutil.rmtree(resume_dir, ignore_errors=True)
         summary = {"stage": stage.name, "block_size": stage.block_size, "steps": steps_total,
                    "skipped_scan": scan_skipped, "skipped_runtime": skipped_runtime,
-                   "planning_frame_sizes": frame_sizes}
+                   "planning_frame_sizes": frame_sizes, "planning_route_targets": route_targets}
         if cfg.eval.enabled and dc.val:
             ec = cfg.eval
             val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip",
-                                 trajectory_format=style)
+                                 trajectory_format=style, route_targets=loaded.settings.route_target)
             eval_model = load(final_dir, device=device).model if sharded else model
             use_backend(eval_model, tc.backend)
             metrics = evaluate(eval_model, loaded.processor, loaded.settings, spaced_examples(val, ec.max_samples),

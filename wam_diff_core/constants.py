@@ -55,6 +55,12 @@ NAV_COMMANDS = (
     "change lane right",
 )
 
+# Route target point (the point a route planner hands the planner, as CARLA leaderboard agents get theirs): the
+# route's centreline this far ahead of the ego along the route, in the ego frame. The embedded world gives one on
+# routes that take a junction (intersections, roundabouts), where the command alone does not say which branch;
+# a checkpoint trained with such prompts records `route_target: true` in its wam_diff.json.
+ROUTE_TARGET_AHEAD_M = 25.0
+
 # Tasks the policy can answer in one token space.
 TASKS = ("planning", "detection", "qa")
 

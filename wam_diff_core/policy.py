@@ -25,7 +25,7 @@ from .model.processor import check_image
 from .model.runner import ModelRunner
 from .model.settings import steps_for_block
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
-from .types import Answer, DecodeStats, EgoState, Plan, check_command
+from .types import Answer, DecodeStats, EgoState, Plan, check_command, check_route_target
 
 # Token budget per task: a trajectory is 16 numbers (digits tokenize one by one), boxes are longer.
 TASK_BUDGET = {"planning": 128, "detection": 192, "qa": 64}
@@ -131,17 +131,26 @@ class DrivingPolicy:
         texts = [self.processor.decode(ids) for ids in result.token_ids]
         return result, texts
 
-    def plan(self, images, ego_state: EgoState, command: str, tasks: Sequence[str] | None = None) -> Plan:
-        """Plan from camera images (list of (H, W, 3) uint8 RGB), ego state and navigation command."""
+    @property
+    def uses_route_target(self) -> bool:
+        """Whether the checkpoint learned planning prompts with a route target point (its wam_diff.json)."""
+        return self.loaded.settings.route_target
+
+    def plan(self, images, ego_state: EgoState, command: str, tasks: Sequence[str] | None = None,
+             target: Optional[tuple[float, float]] = None) -> Plan:
+        """Plan from camera images (list of (H, W, 3) uint8 RGB), ego state, navigation command and, when the
+        caller has one, the route target point (x, y) m in the ego frame; a checkpoint that never learned route
+        targets (`uses_route_target` False) is asked without it, as it was trained."""
         images = _check_images(images)
         if not isinstance(ego_state, EgoState):
             raise ValueError(f"ego_state must be an EgoState, got {type(ego_state).__name__}")
         command = check_command(command)
+        target = check_route_target(target) if self.uses_route_target else None
         tasks = tuple(tasks or self.config.tasks)
         if not tasks or any(t not in POLICY_TASKS for t in tasks):
             raise ValueError(f"tasks {tasks!r}: expected a non-empty subset of {POLICY_TASKS}")
         start = time.perf_counter()
-        text_for = {"planning": planning_prompt(ego_state, command), "detection": detection_prompt()}
+        text_for = {"planning": planning_prompt(ego_state, command, target), "detection": detection_prompt()}
         prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
         cfg = self.config.decoder(tasks)
         result, texts = self._decode(prompts, images, cfg, tasks, ego_state)

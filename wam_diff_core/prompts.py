@@ -21,7 +21,7 @@ from .constants import (
     VISION_START_TOKEN,
     WAYPOINT_DT_S,
 )
-from .types import EgoState, check_command
+from .types import EgoState, check_command, check_route_target
 
 # Decimals of the ego state in the planning prompt (the same precision as the waypoints).
 _EGO_DECIMALS = 2
@@ -29,11 +29,15 @@ _EGO_DECIMALS = 2
 PLANNING_TEMPLATE = (
     "You are the driver of the ego vehicle. "
     "Ego state: velocity vx={vx} m/s, vy={vy} m/s; acceleration ax={ax} m/s^2, ay={ay} m/s^2. "
-    "Navigation command: {command}.\n"
+    "Navigation command: {command}.{route}\n"
     "Plan the next {horizon:g} s. Output {n} waypoints x,y in metres in the ego frame "
     "(x forward, y left), one every {dt:g} s, as x1,y1,x2,y2,...,x{n},y{n} "
     "with {decimals} decimals and no spaces."
 )
+
+# The route target sentence, present when the caller has a route target point (ROUTE_TARGET_AHEAD_M along the
+# route); without one the planning prompt is, character for character, the one every model before v21 learned.
+ROUTE_TARGET_TEMPLATE = " Route target point: x={x} m, y={y} m."
 
 DETECTION_PROMPT = (
     "Detect every vehicle in view. Output a JSON list of "
@@ -54,17 +58,21 @@ def _num(value: float) -> str:
     return f"{round(float(value), _EGO_DECIMALS) + 0.0:.{_EGO_DECIMALS}f}"
 
 
-def planning_prompt(ego: EgoState, command: str) -> str:
+def planning_prompt(ego: EgoState, command: str, target: Optional[tuple[float, float]] = None) -> str:
     """Planning question: ego velocity (m/s) and acceleration (m/s^2) with two decimals, the
-    navigation command, and the trajectory output format. Raises ValueError for an unknown command."""
+    navigation command, the route target point (x, y metres in the ego frame, two decimals) when given,
+    and the trajectory output format. Raises ValueError for an unknown command or a bad target."""
     if not isinstance(ego, EgoState):
         raise ValueError(f"ego must be an EgoState, got {type(ego).__name__}")
+    target = check_route_target(target)
+    route = "" if target is None else ROUTE_TARGET_TEMPLATE.format(x=_num(target[0]), y=_num(target[1]))
     return PLANNING_TEMPLATE.format(
         vx=_num(ego.vx),
         vy=_num(ego.vy),
         ax=_num(ego.ax),
         ay=_num(ego.ay),
         command=check_command(command),
+        route=route,
         horizon=HORIZON_S,
         n=NUM_WAYPOINTS,
         dt=WAYPOINT_DT_S,
@@ -87,6 +95,26 @@ def parse_planning_ego(text: str) -> Optional[EgoState]:
     if match is None:
         return None
     return EgoState(**{k: float(v) for k, v in match.groupdict().items()})
+
+
+_TARGET_RE = re.compile(re.escape(ROUTE_TARGET_TEMPLATE).replace(r"\{x\}", f"(?P<x>{_NUMBER_RE})")
+                        .replace(r"\{y\}", f"(?P<y>{_NUMBER_RE})"))
+
+
+def parse_route_target(text: str) -> Optional[tuple[float, float]]:
+    """The route target point a planning prompt states, or None when it states none; at the prompt's precision."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a string, got {type(text).__name__}")
+    match = _TARGET_RE.search(text)
+    return None if match is None else (float(match["x"]), float(match["y"]))
+
+
+def without_route_target(text: str) -> str:
+    """`text` with its route target sentence removed: the planning prompt a checkpoint that never learned route
+    targets was trained on (the same characters as `planning_prompt` without a target)."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a string, got {type(text).__name__}")
+    return _TARGET_RE.sub("", text)
 
 
 def detection_prompt() -> str:

@@ -38,6 +38,20 @@ def check_command(command: str) -> str:
     return command.strip().lower()
 
 
+def check_route_target(target) -> Optional[tuple[float, float]]:
+    """A route target point (x, y) in metres in the ego frame, or None; a ValueError names a bad value."""
+    if target is None:
+        return None
+    try:
+        x, y = (float(v) for v in target)
+        ok = math.isfinite(x) and math.isfinite(y)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"route target {target!r}: expected (x, y) in metres in the ego frame, two finite numbers")
+    return x, y
+
+
 @dataclass(frozen=True)
 class Detection:
     """A 2D box: label, corners in pixels (x1, y1, x2, y2) and on the 0..1000 scale, score."""

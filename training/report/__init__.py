@@ -85,11 +85,11 @@ class Report:
         return self._loaded[entry.name]
 
     def examples(self, task: str, loaded: LoadedModel):
-        """The same samples for every model (encoded once per trajectory style; models of a report share
-        the processor)."""
+        """The same samples for every model (encoded once per trajectory style and route-target use; models of a
+        report share the processor)."""
         from .open_loop import load_split
 
-        key = (task, loaded.settings.trajectory_format)
+        key = (task, loaded.settings.trajectory_format, loaded.settings.route_target)
         if key not in self._examples:
             self._examples[key] = load_split(self.spec.data[task], loaded, task, self.spec.samples[task])
         return self._examples[key]
@@ -211,8 +211,8 @@ class Report:
             B = block_size_of(entry, loaded)
             runs.append((entry, loaded, decoder_config(B, d.steps, d.strategy, d.threshold,
                                                        self.spec.max_new_tokens["planning"], self.number_order(entry))))
+        totals = decode_in_turns([(loaded, cfg, self.examples("planning", loaded)) for _, loaded, cfg in runs])
         examples = self.examples("planning", runs[0][1])
-        totals = decode_in_turns(examples, [(loaded, cfg) for _, loaded, cfg in runs])
         runs = [(entry, loaded, cfg, acc) for (entry, loaded, cfg), acc in zip(runs, totals)]
         result = {"samples": len(examples), "threads": torch.get_num_threads(),
                   "models": {e.name: {"block_size": cfg.block_size, "steps": cfg.steps, "tokens": acc.tokens,

@@ -55,7 +55,7 @@ class Decoded:
 def load_split(path: str | Path, loaded: LoadedModel, task: str, limit: int) -> list[Example]:
     """`limit` evenly spaced usable samples of `task` in a split file (skips counted by the dataset)."""
     ds = DrivingDataset(path, loaded.processor, 1 << 16, 1 << 16, "skip", tasks=[task],
-                        trajectory_format=loaded.settings.trajectory_format)
+                        trajectory_format=loaded.settings.trajectory_format, route_targets=loaded.settings.route_target)
     if len(ds) == 0:
         raise ValueError(f"{path}: no usable {task!r} samples (skipped: {ds.stats.skipped})")
     return spaced_examples(ds, limit)
@@ -81,13 +81,17 @@ def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: Decod
     return Decoded(preds, tokens, forwards, seconds)
 
 
-def decode_in_turns(examples: Sequence[Example], runs: Sequence[tuple[LoadedModel, DecoderConfig]]) -> list[Decoded]:
-    """Each (model, decoder config) of `runs` decodes every example, taking turns example by example (so load on
-    the machine falls on all of them alike): their summed clocks, one per run (no predictions kept)."""
+def decode_in_turns(runs: Sequence[tuple[LoadedModel, DecoderConfig, Sequence[Example]]]) -> list[Decoded]:
+    """Each (model, decoder config, examples) of `runs` decodes its examples (the same samples for every run, each
+    encoded as its model is asked them), taking turns example by example (so load on the machine falls on all of
+    them alike): their summed clocks, one per run (no predictions kept)."""
+    counts = {len(examples) for _, _, examples in runs}
+    if len(counts) > 1:
+        raise ValueError(f"runs hold different numbers of examples {sorted(counts)}; expected the same samples")
     totals = [Decoded([], 0, 0, 0.0) for _ in runs]
-    for x in examples:
-        for (loaded, cfg), acc in zip(runs, totals):
-            one = decode_examples(loaded, [x], cfg, progress=False)
+    for i in range(counts.pop() if counts else 0):
+        for (loaded, cfg, examples), acc in zip(runs, totals):
+            one = decode_examples(loaded, [examples[i]], cfg, progress=False)
             acc.tokens += one.tokens
             acc.forwards += one.forwards
             acc.seconds += one.seconds

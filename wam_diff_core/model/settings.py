@@ -45,7 +45,9 @@ class WamDiffSettings:
     style its planning answers were trained in ("fixed": decoded under the trajectory grammar);
     frame_size: (W, H) of the embedded world's camera frames it learned to plan from (None: not recorded),
     the size closed-loop tools render for it, since the world draws a fixed 3 px/m and a larger frame
-    shows more road, not the same road sharper."""
+    shows more road, not the same road sharper; route_target: its planning data stated a route target point
+    where one was known (prompts.ROUTE_TARGET_TEMPLATE), so its policy states one whenever its caller gives it
+    (a checkpoint without it is asked the prompt it learned, target or not)."""
 
     mask_token_id: int
     eos_token_id: int
@@ -54,6 +56,7 @@ class WamDiffSettings:
     trajectory_format: str = "official"
     decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
     frame_size: Optional[tuple[int, int]] = None  # (W, H) px of the camera frames its planning data was rendered at
+    route_target: bool = False  # planning prompts state the route target point when the caller has one
 
     def __post_init__(self):
         if self.frame_size is not None:

@@ -115,7 +115,8 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
                     plan = np.asarray(p.trajectory, dtype=np.float64)
             if pending is None and k - request_tick >= replan_every:
                 t0 = time.perf_counter()
-                p = safe_plan(policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command)
+                p = safe_plan(policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command,
+                              tick.route_target)
                 wall = time.perf_counter() - t0
                 plan_time += wall
                 lag = latency_ticks(wall, world.dt) if realtime and request_tick >= 0 else 0

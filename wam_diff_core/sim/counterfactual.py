@@ -54,9 +54,9 @@ def generate_route(route: Route, out_dir: Path, every: int = DEFAULT_EVERY, fram
             skipped_small += 1
         else:
             first = planning_sample(out_dir, route, k, world.dt, tick.frame, tick.ego, tick.command, real,
-                                    source="counterfactual", traffic=True, plan_change_m=round(change, 3))
+                                    source="counterfactual", target=tick.route_target, traffic=True, plan_change_m=round(change, 3))
             second = planning_sample(out_dir, route, k, world.dt, world.render_without_traffic(), tick.ego,
-                                     tick.command, empty, source="counterfactual", suffix="_cf", traffic=False,
+                                     tick.command, empty, source="counterfactual", suffix="_cf", target=tick.route_target, traffic=False,
                                      plan_change_m=round(change, 3), pair=first["id"])
             first["meta"]["pair"] = second["id"]
             samples += [first, second]

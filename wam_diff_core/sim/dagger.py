@@ -42,7 +42,7 @@ from ..types import Plan
 from .closed_loop import route_jobs
 from .datagen import (DATASOURCE, STUCK_KEEP_S, VAL_FRACTION, add_split_arguments, add_wait_arguments, merge_parts,
                       pending_routes, training_copies, waiting_keep, write_part)
-from .policies import expert_plan
+from .policies import expert_plan, safe_plan
 from .routes import (Route, add_frame_size_argument, add_selection_arguments, load_routes, parse_seed_offsets,
                      resolve_frame_size, select_routes)
 
@@ -50,10 +50,10 @@ DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
 
 
 def planning_sample(out_dir: Path, route: Route, tick: int, dt: float, frame: np.ndarray, ego, command: str,
-                    label: np.ndarray, source: str, suffix: str = "", **meta) -> dict:
+                    label: np.ndarray, source: str, suffix: str = "", target=None, **meta) -> dict:
     """One planning sample in the ARCHITECTURE format: saves the frame as
-    OUT/images/<route>/<tick><suffix>.png and asks the planning question with `label` as the answer;
-    `source` and `meta` go into its meta."""
+    OUT/images/<route>/<tick><suffix>.png and asks the planning question (with the route target point `target`
+    when the world has one) with `label` as the answer; `source` and `meta` go into its meta."""
     from PIL import Image
 
     from ..codec import format_trajectory
@@ -64,7 +64,7 @@ def planning_sample(out_dir: Path, route: Route, tick: int, dt: float, frame: np
     Image.fromarray(frame).save(Path(out_dir) / rel, compress_level=1)
     return {
         "id": f"{route.route_id}_{tick:04d}{suffix}_plan", "datasource": DATASOURCE, "task": "planning", "image": [rel],
-        "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(ego, command)}"},
+        "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(ego, command, target)}"},
                           {"from": "gpt", "value": format_trajectory(label)}],
         "meta": {"route_id": route.route_id, "scenario": route.scenario, "seed": route.seed, "tick": tick,
                  "t": round(tick * dt, 3), "split": "train", "command": command,
@@ -93,7 +93,7 @@ class DaggerPolicy:
     def bind(self, world) -> None:
         self.world = world
 
-    def plan(self, images, ego, command: str) -> Plan:
+    def plan(self, images, ego, command: str, target=None) -> Plan:
         world = self.world
         k = world._ticks
         t0 = time.perf_counter()
@@ -101,12 +101,12 @@ class DaggerPolicy:
         self.label_s += time.perf_counter() - t0
         self.expert_crashed += int(crashed)
         if images:
-            self.samples.append(planning_sample(self.out_dir, self.route, k, world.dt, images[0], ego, command, label,
+            self.samples.append(planning_sample(self.out_dir, self.route, k, world.dt, images[0], ego, command, label, target=target,
                                                 source="dagger", expert_crashed=bool(crashed)))
         if self.beta > 0.0 and self.rng.random() < self.beta:
             self.expert_steps += 1
             return Plan(trajectory=label, valid=True)
-        return self.inner.plan(images, ego, command)
+        return safe_plan(self.inner, images, ego, command, target)
 
 
 def label_departs(sample: dict) -> bool:

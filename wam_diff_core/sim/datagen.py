@@ -251,7 +251,7 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=FRAME
         base = f"{route.route_id}_{k:04d}"
         if "planning" in tasks:
             samples.append({"id": f"{base}_plan", "datasource": DATASOURCE, "task": "planning", "image": [rel],
-                            "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(tk.ego, tk.command)}"},
+                            "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(tk.ego, tk.command, tk.route_target)}"},
                                               {"from": "gpt", "value": format_trajectory(future)}],
                             "meta": meta})
             if split == "val":

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 
 from ..types import Detection, EgoState
-from ..constants import BOX_SCALE, EGO_ACCEL_LIMITS_MPS2, FRAME_SIZE
+from ..constants import BOX_SCALE, EGO_ACCEL_LIMITS_MPS2, FRAME_SIZE, ROUTE_TARGET_AHEAD_M
 from .routes import Route
 
 import os  # noqa: E402
@@ -156,6 +156,9 @@ class Tick:
     lane_count: int
     lane_id: int                                # 0 = right-most lane of the ego's road
     detections: list[Detection] = field(default_factory=list)
+    # the route's centreline ROUTE_TARGET_AHEAD_M ahead along the route, ego frame (x, y) m; routes through a
+    # junction only (None on roads, whose route is the road itself)
+    route_target: Optional[tuple[float, float]] = None
 
 
 class HighwayWorld:
@@ -560,6 +563,16 @@ class HighwayWorld:
             return "follow lane"
         return self._manoeuvre
 
+    def _route_target(self, xy: np.ndarray, yaw: float) -> Optional[tuple[float, float]]:
+        """The route target point of a junction route: the centreline ROUTE_TARGET_AHEAD_M along the route from
+        the ego's route position (the end of the route when nearer), in the ego frame; None on road routes."""
+        if not self._corridor_route:
+            return None
+        s = min(float(self._route_s[self._route_idx]) + ROUTE_TARGET_AHEAD_M, float(self._route_s[-1]))
+        point_hw = [np.interp(s, self._route_s, self._route_hw[:, i]) for i in (0, 1)]
+        x, y = world_to_ego(hw_to_world(point_hw), xy, yaw)
+        return float(x), float(y)
+
     def _lane_position(self) -> tuple[int, int]:
         """(number of lanes of the ego's road, ego lane id counted from the right-most lane = 0)."""
         li = self.ego.lane_index
@@ -600,7 +613,7 @@ class HighwayWorld:
             pose=(float(xy[0]), float(xy[1]), float(yaw)), command=self._command(progress),
             vehicles=vehicles, collision=bool(ego.crashed), off_road=self._road_deviation() > OFF_ROAD_TOLERANCE_M,
             progress_m=float(progress), route_deviation_m=float(deviation),
-            lane_count=lane_count, lane_id=lane_id, detections=detections,
+            lane_count=lane_count, lane_id=lane_id, detections=detections, route_target=self._route_target(xy, yaw),
         )
 
     def _detection(self, v: VehicleGT) -> Detection:

@@ -18,7 +18,11 @@ BASELINES = ("expert", "expert-plan", "constant-velocity")
 
 @runtime_checkable
 class Policy(Protocol):
-    def plan(self, images: Sequence[np.ndarray], ego: EgoState, command: str) -> Plan: ...
+    """A planner the closed loops drive with. The world's route target point, where it has one, comes as the
+    keyword `target` (x, y) m in the ego frame; `safe_plan` passes it only then, so a policy that never uses
+    one may take the three positional arguments alone."""
+
+    def plan(self, images: Sequence[np.ndarray], ego: EgoState, command: str, target=None) -> Plan: ...
 
 
 class ConstantVelocityPolicy:
@@ -27,7 +31,7 @@ class ConstantVelocityPolicy:
     needs_images = False
     drives_itself = False
 
-    def plan(self, images, ego: EgoState, command: str) -> Plan:
+    def plan(self, images, ego: EgoState, command: str, target=None) -> Plan:
         t = (np.arange(NUM_WAYPOINTS) + 1) * WAYPOINT_DT_S
         traj = np.stack([ego.vx * t, ego.vy * t], axis=1)
         return Plan(trajectory=traj, valid=True)
@@ -46,7 +50,7 @@ class ExpertPolicy:
     def bind(self, world) -> None:
         self.world = world
 
-    def plan(self, images, ego: EgoState, command: str) -> Plan:
+    def plan(self, images, ego: EgoState, command: str, target=None) -> Plan:
         if self.world is None:
             return Plan(trajectory=None, valid=False, errors={"planning": "expert not bound to a world"})
         return Plan(trajectory=self.world.expert_intent(), valid=True)
@@ -68,7 +72,7 @@ class ExpertPlanPolicy(ExpertPolicy):
 
     drives_itself = False
 
-    def plan(self, images, ego: EgoState, command: str) -> Plan:
+    def plan(self, images, ego: EgoState, command: str, target=None) -> Plan:
         if self.world is None:
             return Plan(trajectory=None, valid=False, errors={"planning": "expert-plan not bound to a world"})
         return Plan(trajectory=expert_plan(self.world)[0], valid=True)
@@ -85,8 +89,8 @@ class LearnedPolicy:
 
         self.inner = DrivingPolicy.load(path, device=device, overrides=overrides)
 
-    def plan(self, images, ego: EgoState, command: str) -> Plan:
-        return self.inner.plan(images, ego, command)
+    def plan(self, images, ego: EgoState, command: str, target=None) -> Plan:
+        return self.inner.plan(images, ego, command, target=target)
 
 
 def load_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = None):
@@ -116,10 +120,11 @@ def cached_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = No
     return _CACHED[key]
 
 
-def safe_plan(policy, images, ego: EgoState, command: str) -> Plan:
-    """Call policy.plan and turn any exception or malformed trajectory into an invalid Plan."""
+def safe_plan(policy, images, ego: EgoState, command: str, target=None) -> Plan:
+    """Call policy.plan (with `target` when there is one) and turn any exception or malformed trajectory into an
+    invalid Plan."""
     try:
-        plan = policy.plan(images, ego, command)
+        plan = policy.plan(images, ego, command) if target is None else policy.plan(images, ego, command, target=target)
     except Exception as exc:  # a closed loop never crashes on the policy
         return Plan(trajectory=None, valid=False, errors={"planning": f"{type(exc).__name__}: {exc}"})
     traj: Optional[np.ndarray] = getattr(plan, "trajectory", None)

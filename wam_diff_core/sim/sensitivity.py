@@ -56,8 +56,8 @@ def probe_route(route: Route, policy, *, every: int = DEFAULT_EVERY, max_s: floa
     t0 = time.perf_counter()
     probes, invalid = [], 0
     for world, tick in ExpertDrive(route, frame_size, every, max_s):
-        real = safe_plan(policy, [tick.frame], tick.ego, tick.command)
-        empty = safe_plan(policy, [world.render_without_traffic()], tick.ego, tick.command)
+        real = safe_plan(policy, [tick.frame], tick.ego, tick.command, tick.route_target)
+        empty = safe_plan(policy, [world.render_without_traffic()], tick.ego, tick.command, tick.route_target)
         if not (real.valid and empty.valid):
             invalid += 1
             continue
