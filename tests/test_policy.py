@@ -104,3 +104,31 @@ def test_gpu_only_settings_on_a_cpu_model_name_what_is_missing(nano):
         DrivingPolicy(nano, PolicyConfig(cuda_graphs=True))
     with pytest.raises(ValueError, match="flashinfer"):
         DrivingPolicy(nano, PolicyConfig(backend="flashinfer"))
+
+
+def test_plan_states_the_route_target_only_to_a_checkpoint_that_learned_it(nano, camera_image, monkeypatch):
+    import dataclasses
+
+    from wam_diff_core.prompts import parse_route_target
+
+    asked = []
+
+    def fake_decode(prompts, images, cfg, tasks, ego=None):
+        from wam_diff_core.decoding.result import DecodeResult
+
+        asked.append(prompts[0])
+        return DecodeResult([[1]], [True], 1, 1, {"total": 0.0}), ["1.00,0.00,2.00,0.00,3.00,0.00,4.00,0.00,"
+                                                                   "5.00,0.00,6.00,0.00,7.00,0.00,8.00,0.00"]
+
+    routed = dataclasses.replace(nano, settings=dataclasses.replace(nano.settings, route_target=True))
+    for loaded, expected in ((routed, (24.5, 6.25)), (nano, None)):
+        policy = DrivingPolicy(loaded, PolicyConfig(block_size=8, steps=4))
+        monkeypatch.setattr(policy, "_decode", fake_decode)
+        assert policy.uses_route_target is (expected is not None)
+        assert policy.plan([camera_image], EgoState(vx=5.0), "turn left", target=(24.5, 6.25)).valid
+        assert parse_route_target(asked[-1]) == expected
+        policy.plan([camera_image], EgoState(vx=5.0), "turn left")
+        assert parse_route_target(asked[-1]) is None
+    with pytest.raises(ValueError, match="route target"):
+        DrivingPolicy(routed, PolicyConfig(block_size=8, steps=4)).plan([camera_image], EgoState(vx=5.0), "turn left",
+                                                                        target=(float("inf"), 0.0))

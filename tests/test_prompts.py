@@ -142,3 +142,25 @@ def test_policy_prompt_is_token_for_token_the_training_prompt_of_a_generated_sam
                   "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{text}"},
                                     {"from": "gpt", "value": "1"}]}
         assert sample_to_chat(sample)[0] == chat_prompt(text, 1)
+
+
+def test_route_target_sentence_is_added_parsed_and_removed_to_the_old_prompt():
+    from wam_diff_core.prompts import parse_route_target, without_route_target
+
+    ego = EgoState(vx=4.5)
+    plain = planning_prompt(ego, "turn left")
+    with_target = planning_prompt(ego, "turn left", (24.456, -3.0))
+    assert "Route target point: x=24.46 m, y=-3.00 m." in with_target
+    assert with_target.index("turn left.") < with_target.index("Route target point") < with_target.index("Plan the next")
+    assert parse_route_target(with_target) == (24.46, -3.0)
+    assert parse_route_target(plain) is None
+    # the prompt without a target is the one every earlier model learned, character for character
+    assert planning_prompt(ego, "turn left", None) == plain
+    assert without_route_target(chat_prompt(with_target, 1)) == chat_prompt(plain, 1)
+    assert without_route_target(plain) == plain
+
+
+@pytest.mark.parametrize("bad", [(1.0,), (float("nan"), 0.0), ("a", 1.0), 3.0])
+def test_route_target_rejects_bad_values_naming_them(bad):
+    with pytest.raises(ValueError, match="route target"):
+        planning_prompt(EgoState(vx=1.0), "follow lane", bad)

@@ -176,3 +176,28 @@ def test_merge_ramp_command_announces_the_lane_drop():
         tick = world.step()
         commands.add(tick.command)
     assert commands == {"follow lane"}
+
+
+def test_route_target_lies_on_the_route_ahead_on_junction_routes_and_is_absent_on_roads():
+    from wam_diff_core.constants import ROUTE_TARGET_AHEAD_M
+    from wam_diff_core.sim.highway import ego_to_world, hw_to_world
+
+    w = HighwayWorld(SHORT_HIGHWAY, driver="expert", render=False)
+    assert w.reset().route_target is None
+    w.close()
+    w = HighwayWorld(SHORT_ROUNDABOUT, driver="expert", render=False)
+    tk = w.reset()
+    route_world = hw_to_world(w._route_hw)
+    lefts = []
+    for _ in range(120):
+        x, y = tk.route_target
+        # on the route centreline (1 m samples), ahead of the ego, no farther than the arc length along the route
+        # from the route point nearest the ego (its 1 m sampling and the ego's distance from it added)
+        point = ego_to_world(np.array([x, y]), np.array(tk.pose[:2]), tk.pose[2])
+        assert np.linalg.norm(route_world - point, axis=1).min() < 1.0
+        assert 0.0 < np.hypot(x, y) <= ROUTE_TARGET_AHEAD_M + tk.route_deviation_m + 1.0
+        lefts.append(y)
+        tk = w.step()
+    w.close()
+    # the entry bends right, the ring turns left: the target crosses from the right to the left of the ego
+    assert min(lefts) < -3.0 and max(lefts) > 3.0

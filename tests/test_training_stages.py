@@ -310,8 +310,8 @@ def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nan
         export(b32, tmp_path / "z", "float32", steps=0)
 
 
-def write_planning_dataset(root: Path, size: tuple[int, int], n: int = 4) -> Path:
-    """n planning samples whose frames are `size` (W, H) pixels."""
+def write_planning_dataset(root: Path, size: tuple[int, int], n: int = 4, target=None) -> Path:
+    """n planning samples whose frames are `size` (W, H) pixels (prompts with the route target `target` when given)."""
     from wam_diff_core.codec import format_trajectory
     from wam_diff_core.prompts import planning_prompt
     from wam_diff_core.types import EgoState
@@ -323,7 +323,7 @@ def write_planning_dataset(root: Path, size: tuple[int, int], n: int = 4) -> Pat
         Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(root / f"f{i}.png")
         traj = np.stack([np.arange(1, 9) * (i + 1.0), np.zeros(8)], axis=1)
         samples.append({"id": f"p{i}", "datasource": "toy", "task": "planning", "image": [f"f{i}.png"],
-                        "conversations": [{"from": "human", "value": "<image>\n" + planning_prompt(EgoState(2.0 * i), "follow lane")},
+                        "conversations": [{"from": "human", "value": "<image>\n" + planning_prompt(EgoState(2.0 * i), "follow lane", target)},
                                           {"from": "gpt", "value": format_trajectory(traj)}]})
     path = root / "train.json"
     path.write_text(json.dumps(samples))
@@ -351,3 +351,28 @@ def test_a_trained_checkpoint_records_the_frame_size_of_its_planning_frames(nano
     # a model trained on it keeps the size through a stage with no planning data
     assert main([*args, "--data", str(qa), "--out", str(tmp_path / "qa_run"), "--init", str(tmp_path / "one" / "ar" / "model")]) == 0
     assert load_model(tmp_path / "qa_run" / "ar" / "model").settings.frame_size == (96, 48)
+
+
+def test_a_checkpoint_trained_on_route_target_prompts_records_it_and_old_checkpoints_are_asked_without(nano_ckpt, tmp_path):
+    from training.data import DrivingDataset, build_datasets
+    from wam_diff_core.model.checkpoint import load
+    from wam_diff_core.prompts import parse_route_target
+
+    plain = write_planning_dataset(tmp_path / "plain", (64, 32))
+    routed = write_planning_dataset(tmp_path / "routed", (64, 32), n=5, target=(25.0, -4.5))
+    processor = load(nano_ckpt).processor
+    assert build_datasets([{"path": str(plain)}, {"path": str(routed)}], processor, 4096, 512, "skip").planning_route_targets() == 5
+    assert build_datasets([{"path": str(plain)}, {"path": str(routed), "weight": 0.0}], processor, 4096, 512,
+                          "skip").planning_route_targets() == 0
+    # an evaluation for a checkpoint that never learned targets asks the prompt it learned
+    kept = DrivingDataset(routed, processor, 4096, 512, "skip")
+    stripped = DrivingDataset(routed, processor, 4096, 512, "skip", route_targets=False)
+    assert parse_route_target(kept.samples[0][2]) == (25.0, -4.5) and parse_route_target(stripped.samples[0][2]) is None
+    assert len(stripped.encode(0).prompt_ids) < len(kept.encode(0).prompt_ids)
+
+    args = ["ar", "--init", str(nano_ckpt), "--max-steps", "1", "--batch-size", "4", "--set", "eval.enabled=false", *FAST]
+    assert main([*args, "--data", str(plain), "--out", str(tmp_path / "plain_run")]) == 0
+    assert load_model(tmp_path / "plain_run" / "ar" / "model").settings.route_target is False
+    assert main([*args, "--data", str(routed), "--out", str(tmp_path / "routed_run")]) == 0
+    assert json.loads((tmp_path / "routed_run" / "ar" / "model" / "wam_diff.json").read_text())["route_target"] is True
+    assert json.loads((tmp_path / "routed_run" / "ar" / "summary.json").read_text())["planning_route_targets"] == 5
