@@ -42,3 +42,9 @@ def test_unknown_command_exits_with_usage_error():
 def test_bad_block_size_list_is_named(tmp_path):
     with pytest.raises(ValueError, match="x,y"):
         main(["bench", "--block-sizes", "x,y", "--out", str(tmp_path / "b.json")])
+
+
+@pytest.mark.parametrize("bad", ["25", "25,x", "nan,1"])
+def test_decode_target_must_be_two_finite_numbers(bad):
+    with pytest.raises(SystemExit, match="--target"):
+        main(["decode", "--model", "nano", "--target", bad])

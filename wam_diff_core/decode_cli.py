@@ -7,7 +7,7 @@ import numpy as np
 
 from .constants import NAV_COMMANDS
 from .policy import POLICY_TASKS, DrivingPolicy, PolicyConfig
-from .types import EgoState
+from .types import EgoState, check_route_target
 
 
 def add_policy_arguments(parser) -> None:
@@ -37,6 +37,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ay", type=float, default=0.0)
     parser.add_argument("--command", default="follow lane", choices=NAV_COMMANDS)
     parser.add_argument("--tasks", default="planning", help=f"comma-separated subset of {POLICY_TASKS}")
+    parser.add_argument("--target", default=None, metavar="X,Y",
+                        help="route target point, metres in the ego frame (x forward, y left); stated to checkpoints "
+                             "trained with route targets (wam_diff.json route_target), ignored by others")
+
+
+def parse_target(text: str | None) -> tuple[float, float] | None:
+    """--target 'X,Y' -> (x, y); None stays None. SystemExit naming the value otherwise."""
+    if text is None:
+        return None
+    try:
+        return check_route_target(tuple(float(v) for v in text.split(",")))
+    except ValueError:
+        raise SystemExit(f"--target {text!r}: expected X,Y in metres, two finite numbers") from None
 
 
 def load_image(path: str | None) -> np.ndarray:
@@ -68,6 +81,7 @@ def plan_to_json(plan) -> dict:
 def run(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     policy = DrivingPolicy.load(args.model, device=args.device, config=policy_config(args, tasks))
-    plan = policy.plan([load_image(args.image)], EgoState(args.vx, args.vy, args.ax, args.ay), args.command)
+    plan = policy.plan([load_image(args.image)], EgoState(args.vx, args.vy, args.ax, args.ay), args.command,
+                       target=parse_target(args.target))
     print(json.dumps(plan_to_json(plan), indent=2))
     return 0
