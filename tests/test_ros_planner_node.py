@@ -25,6 +25,7 @@ pytest.importorskip("wam_diff_msgs", reason="wam_diff_msgs not built (scripts/in
 
 from builtin_interfaces.msg import Time  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
+from geometry_msgs.msg import Point, PointStamped  # noqa: E402
 from lifecycle_msgs.msg import State, Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 from nav_msgs.msg import Odometry, Path  # noqa: E402
@@ -278,6 +279,70 @@ def test_navigation_command_topic_sets_the_command_and_an_unknown_one_is_a_diagn
     probe.wait_for(lambda: probe.trajectories(_ns(_stamp(6.0))), what="plan")
     assert policy.plan_calls[-1]["command"] == "turn left"
     assert probe.trajectories(_ns(_stamp(6.0)))[0].command == "turn left"
+
+
+def target_msg(sec: float, x: float, y: float, frame_id: str = "base_link") -> PointStamped:
+    return PointStamped(header=Header(stamp=_stamp(sec), frame_id=frame_id), point=Point(x=x, y=y, z=9.0))
+
+
+def _publish_target(probe, node, pub, msg):
+    """Publish a route target and wait until the node holds it (the plan then reads it deterministically)."""
+    pub.publish(msg)
+    probe.wait_for(lambda: node._route_target is not None and node._route_target[0] == _ns(msg.header.stamp),
+                   what="route target received")
+
+
+def _plan_frame(probe, cam, sec):
+    cam.publish(image_msg(sec))
+    probe.wait_for(lambda: probe.trajectories(_ns(_stamp(sec))), what=f"plan of the frame at {sec} s")
+
+
+def test_route_target_reaches_the_policy_for_frames_within_max_age_of_its_stamp_and_none_beyond(ros):
+    policy = FakePolicy()
+    node = ros.planner(policy, route_target_max_age_s=0.5)
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw")
+    tgt = probe.publisher(PointStamped, "route_target")
+    probe.wait_connected(cam, node)
+    probe.wait_for(lambda: tgt.get_subscription_count() >= 1, what="route target subscriber")
+
+    _plan_frame(probe, cam, 9.0)  # before any target: none
+    _publish_target(probe, node, tgt, target_msg(10.0, 23.5, -4.25))
+    _plan_frame(probe, cam, 10.0)  # the frame's own stamp
+    _plan_frame(probe, cam, 10.4)  # 0.4 s after the target: still within 0.5 s
+    _plan_frame(probe, cam, 10.6)  # 0.6 s after: too old, the plan gets no target
+    _publish_target(probe, node, tgt, target_msg(12.0, 18.0, 7.5))
+    _plan_frame(probe, cam, 11.3)  # 0.7 s before the newest target: not this frame's target either
+    _plan_frame(probe, cam, 12.0)
+    assert [c["target"] for c in policy.plan_calls] == [None, (23.5, -4.25), (23.5, -4.25), None, None, (18.0, 7.5)]
+    assert node.stats.counts["plans_with_route_target"] == 3 and node.stats.counts["plans_published"] == 6
+    name = node.get_fully_qualified_name()
+    probe.wait_for(lambda: any(dict((kv.key, kv.value) for kv in s.values).get("plans_with_route_target") == "3"
+                               for s in probe.diagnostics(name)), what="plans_with_route_target in diagnostics")
+    values = {kv.key: kv.value for kv in probe.diagnostics(name)[-1].values}
+    assert values["model_uses_route_target"] == "true" and values["route_targets_rejected"] == "0"
+
+
+def test_route_target_in_another_frame_or_not_finite_is_a_diagnostic_error_and_planning_goes_on(ros):
+    policy = FakePolicy()
+    node = ros.planner(policy)
+    probe = ros.probe
+    cam = probe.publisher(Image, "camera/image_raw")
+    tgt = probe.publisher(PointStamped, "route_target")
+    probe.wait_connected(cam, node)
+    probe.wait_for(lambda: tgt.get_subscription_count() >= 1, what="route target subscriber")
+    name = node.get_fully_qualified_name()
+
+    tgt.publish(target_msg(5.0, 20.0, 1.0, frame_id="map"))
+    probe.wait_for(lambda: _diag_error_containing(probe, name, "frame_id 'map'"), what="ERROR naming the frame")
+    tgt.publish(target_msg(5.0, float("nan"), 1.0))
+    probe.wait_for(lambda: _diag_error_containing(probe, name, "nan"), what="ERROR naming the non-finite x")
+    assert node.stats.counts["route_targets_rejected"] == 2 and node._route_target is None
+    _plan_frame(probe, cam, 5.0)  # still planning, without the rejected targets
+    _publish_target(probe, node, tgt, target_msg(6.0, 25.0, -2.0))
+    _plan_frame(probe, cam, 6.0)
+    assert [c["target"] for c in policy.plan_calls] == [None, (25.0, -2.0)]
+    assert all(t.valid for t in probe.trajectories())
 
 
 def test_two_cameras_20ms_apart_are_matched_and_200ms_apart_are_not(ros):

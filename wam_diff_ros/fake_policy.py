@@ -1,7 +1,8 @@
 """A stand-in with DrivingPolicy's interface, for ROS wiring tests and dry runs without a model.
 
 Selected by the planner parameter `model: fake`. It plans a straight line at the ego speed
-(at least 1 m/s), takes `delay_s` per call like a slow model would, and records its calls.
+(at least 1 m/s), takes `delay_s` per call like a slow model would, and records its calls (with the route
+target point it was given, or None).
 """
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import time
 import numpy as np
 
 from wam_diff_core.constants import NUM_WAYPOINTS, TASKS, WAYPOINT_DT_S
-from wam_diff_core.types import Answer, Detection, EgoState, Plan, check_command
+from wam_diff_core.types import Answer, Detection, EgoState, Plan, check_command, check_route_target
 
 
 class FakePolicy:
     """Deterministic fake policy: straight-line plans, a fixed detection, echoing answers."""
+
+    uses_route_target = True  # as a DrivingPolicy whose checkpoint learned route targets: it records every one
 
     def __init__(self, delay_s: float = 0.0, tasks=("planning",)):
         self.delay_s = float(delay_s)
@@ -29,7 +32,7 @@ class FakePolicy:
     def load(cls, model: str = "fake", device: str = "cpu", config=None) -> "FakePolicy":
         return cls(tasks=getattr(config, "tasks", ("planning",)))
 
-    def plan(self, images, ego: EgoState, command: str, tasks=None) -> Plan:
+    def plan(self, images, ego: EgoState, command: str, tasks=None, target=None) -> Plan:
         if self.closed:
             raise RuntimeError("FakePolicy used after close()")
         if not images:
@@ -38,6 +41,7 @@ class FakePolicy:
             if not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3):
                 raise ValueError(f"images must be HxWx3 uint8 RGB arrays, got {getattr(img, 'shape', type(img))}")
         command = check_command(command)
+        target = check_route_target(target)
         tasks = tuple(tasks or self.tasks)
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
@@ -45,7 +49,7 @@ class FakePolicy:
         start = time.perf_counter()
         with self._lock:
             self.plan_calls.append({"shapes": [img.shape for img in images], "ego": ego, "command": command,
-                                    "tasks": tasks, "mean": float(np.mean(images[0]))})
+                                    "tasks": tasks, "target": target, "mean": float(np.mean(images[0]))})
         if self.delay_s:
             time.sleep(self.delay_s)
         speed = max(float(ego.vx), 1.0)

@@ -9,7 +9,9 @@ Parameters are read on configure; change them and reconfigure (deactivate, clean
 
 Inputs : camera_topics (sensor_msgs/Image, or CompressedImage when the topic ends in "/compressed";
          best-effort, depth 1), odometry_topic (nav_msgs/Odometry), command_topic (std_msgs/String,
-         one of wam_diff_core.constants.NAV_COMMANDS).
+         one of wam_diff_core.constants.NAV_COMMANDS), route_target_topic (geometry_msgs/PointStamped:
+         the route target point, x, y in base_frame_id; used for a frame set whose stamp is within
+         route_target_max_age_s of its own).
 Outputs: trajectory (wam_diff_msgs/Trajectory), path (nav_msgs/Path), detections
          (wam_diff_msgs/Detection2DArray), markers (visualization_msgs/MarkerArray), answer
          (wam_diff_msgs/DrivingAnswer), /diagnostics (diagnostic_msgs/DiagnosticArray);
@@ -26,6 +28,7 @@ from typing import Callable, Optional
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from geometry_msgs.msg import PointStamped
 from nav_msgs.msg import Odometry, Path
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
@@ -37,8 +40,8 @@ from std_msgs.msg import Header, String
 from builtin_interfaces.msg import Time
 from visualization_msgs.msg import MarkerArray
 
-from wam_diff_core.constants import NAV_COMMANDS, TASKS
-from wam_diff_core.types import EgoState, Plan, check_command
+from wam_diff_core.constants import NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, TASKS
+from wam_diff_core.types import EgoState, Plan, check_command, check_route_target
 from wam_diff_msgs.msg import Detection2DArray, DrivingAnswer, Trajectory
 from wam_diff_msgs.srv import AskQuestion
 
@@ -73,6 +76,11 @@ PARAMETERS = {
     "odometry_topic": ("/odom", "nav_msgs/Odometry of the ego vehicle (twist in the ego frame)"),
     "command_topic": ("command", "std_msgs/String navigation command"),
     "default_command": ("follow lane", f"command used until one arrives; one of {list(NAV_COMMANDS)}"),
+    "route_target_topic": ("route_target", f"geometry_msgs/PointStamped route target point: the route "
+                                           f"{ROUTE_TARGET_AHEAD_M:g} m ahead along the route, x, y in base_frame_id "
+                                           f"(z ignored)"),
+    "route_target_max_age_s": (0.5, "a route target is used for a frame set only when their stamps differ by at "
+                                     "most this many seconds; otherwise the plan has no target"),
     "rate_hz": (10.0, "most plans per second; the node plans on the newest frame set when free (0 = no cap)"),
     "base_frame_id": ("base_link", "frame of trajectory, path and markers (ego: x forward, y left)"),
     "diagnostics_period_s": (1.0, "period of the /diagnostics status, seconds"),
@@ -157,6 +165,7 @@ class PlannerNode(LifecycleNode):
         self._last_odom: Optional[tuple[float, float, float]] = None  # (t, vx, vy)
         self._odom_seen = False
         self._command = "follow lane"
+        self._route_target: Optional[tuple[int, tuple[float, float]]] = None  # (stamp ns, (x, y) m ego frame)
         self._sensor_group = MutuallyExclusiveCallbackGroup()
         self._service_group = MutuallyExclusiveCallbackGroup()
         self._cfg: dict = {}
@@ -206,13 +215,15 @@ class PlannerNode(LifecycleNode):
         self._worker.start()
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, durability=DurabilityPolicy.VOLATILE,
                          reliability=cfg["image_reliability"])
-        # odometry and command first: when they and a frame are ready together, the executor takes
-        # them in creation order, so the plan uses the ego state published with the frame
+        # odometry, command and route target first: when they and a frame are ready together, the executor
+        # takes them in creation order, so the plan uses the ego state (and target) published with the frame
         odom_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
         self._subs.append(self.create_subscription(Odometry, cfg["odometry_topic"], self._on_odometry, odom_qos,
                                                    callback_group=self._sensor_group))
         self._subs.append(self.create_subscription(String, cfg["command_topic"], self._on_command, 10,
                                                    callback_group=self._sensor_group))
+        self._subs.append(self.create_subscription(PointStamped, cfg["route_target_topic"], self._on_route_target,
+                                                   10, callback_group=self._sensor_group))
         for index, topic in enumerate(cfg["camera_topics"]):
             compressed = topic.rstrip("/").endswith("/compressed")
             msg_type = CompressedImage if compressed else Image
@@ -261,6 +272,7 @@ class PlannerNode(LifecycleNode):
             self._diag_timer = None
         self.release()
         self._latest = None
+        self._route_target = None
 
     def _destroy_interfaces(self) -> None:
         for pub in self._pubs.values():
@@ -293,6 +305,11 @@ class PlannerNode(LifecycleNode):
                 raise ValueError(f"{name} must be > 0 seconds, got {p[name]}")
         if float(p["sync_slop_s"]) < 0 or float(p["rate_hz"]) < 0:
             raise ValueError(f"sync_slop_s and rate_hz must be >= 0, got {p['sync_slop_s']}, {p['rate_hz']}")
+        if not float(p["route_target_max_age_s"]) >= 0:
+            raise ValueError(f"route_target_max_age_s must be >= 0 seconds, got {p['route_target_max_age_s']}")
+        p["route_target_max_age_s"] = float(p["route_target_max_age_s"])
+        if not str(p["route_target_topic"]):
+            raise ValueError("route_target_topic must be a topic name, got ''")
         p["policy"] = PolicySettings(
             model=str(p["model"]), device=str(p["device"]), attention_backend=str(p["attention_backend"]),
             cuda_graphs=bool(p["cuda_graphs"]), block_size=int(p["block_size"]),
@@ -363,6 +380,27 @@ class PlannerNode(LifecycleNode):
         except ValueError as exc:
             self._report_error(f"rejected command: {exc}")
 
+    def _on_route_target(self, msg: PointStamped) -> None:
+        frame_id = self._cfg["base_frame_id"]
+        try:
+            if msg.header.frame_id != frame_id:
+                raise ValueError(f"frame_id {msg.header.frame_id!r}, expected the ego frame {frame_id!r}")
+            target = check_route_target((msg.point.x, msg.point.y))
+        except ValueError as exc:
+            self.stats.count("route_targets_rejected")
+            self._report_error(f"rejected route target on {self._cfg['route_target_topic']}: {exc}")
+            return
+        self._route_target = (stamp_to_ns(msg.header.stamp), target)
+
+    def _target_for(self, stamp_ns: int) -> Optional[tuple[float, float]]:
+        """The newest route target when its stamp is within route_target_max_age_s of `stamp_ns`, else None
+        (a route that stops publishing targets plans without one)."""
+        latest = self._route_target
+        if latest is None:
+            return None
+        target_ns, target = latest
+        return target if abs(stamp_ns - target_ns) <= self._cfg["route_target_max_age_s"] * 1e9 else None
+
     def _on_ask(self, request: AskQuestion.Request, response: AskQuestion.Response) -> AskQuestion.Response:
         worker, latest = self._worker, self._latest
         if worker is None:
@@ -399,10 +437,11 @@ class PlannerNode(LifecycleNode):
         command, cfg, policy = self._command, self._cfg, self.policy
         if policy is None:
             return
+        target = self._target_for(frame_set.stamp_ns)
         t0 = time.perf_counter()
         failed = False
         try:
-            plan = policy.plan([f.frame for f in frame_set.frames], ego, command, tasks=cfg["tasks"])
+            plan = policy.plan([f.frame for f in frame_set.frames], ego, command, tasks=cfg["tasks"], target=target)
         except Exception as exc:  # noqa: BLE001 - bad inputs for the model must not end planning
             # still answer the frame (an invalid Trajectory naming the error): closed loops wait for it
             failed = True
@@ -428,6 +467,8 @@ class PlannerNode(LifecycleNode):
         if failed:
             return
         stamp_age_s = (self.get_clock().now().nanoseconds - frame_set.stamp_ns) * 1e-9
+        if target is not None:
+            self.stats.count("plans_with_route_target")
         self.stats.plan_done(time.monotonic() - received, policy_s, stamp_age_s, plan.valid)
 
     def _ask(self, job: tuple[str, FrameSet]):
@@ -462,6 +503,7 @@ class PlannerNode(LifecycleNode):
         sizes = sorted(dict(self._frame_sizes).items())  # one snapshot: camera callbacks may add a camera meanwhile
         values.update(model=self._cfg.get("model", ""), command=self._command,
                       odometry="received" if self._odom_seen else "none yet (ego speed 0)",
+                      model_uses_route_target=str(getattr(self.policy, "uses_route_target", "unknown")).lower(),
                       trained_frame_size="x".join(map(str, self._trained_frame)) if self._trained_frame else "unknown",
                       frame_size=",".join("x".join(map(str, v)) for _, v in sizes) or "none yet")
         off_size = [(c, v) for c, v in sizes if self._trained_frame is not None and v != self._trained_frame]

@@ -15,7 +15,9 @@ class PlannerStats:
 
     COUNTERS = ("frames_received", "frames_rejected", "frames_unmatched", "frames_dropped",
                 "plans_published", "plans_invalid", "plan_errors", "questions_answered",
-                "frames_off_size")  # frames_off_size: camera frames of another size than the model was trained on
+                "frames_off_size",  # camera frames of another size than the model was trained on
+                "plans_with_route_target",  # published plans whose policy call was given a route target point
+                "route_targets_rejected")  # route target messages in another frame or with non-finite x, y
 
     def __init__(self, window: int = 200):
         self._lock = threading.Lock()
