@@ -1,15 +1,19 @@
-"""`wam-diff-demo` (planner + highway bridge over rclpy + Fast DDS) on one short route, as a subprocess."""
+"""`wam-diff-demo` (planner + highway bridge over rclpy + Fast DDS) on one short route, as a subprocess;
+the bridge's planning tick in-process against a probe node."""
 import json
 import os
 import random
 import subprocess
 import sys
+import threading
+import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-pytest.importorskip("rclpy", reason="ROS 2 wheels (requirements-ros.txt) not installed")
+rclpy = pytest.importorskip("rclpy", reason="ROS 2 wheels (requirements-ros.txt) not installed")
 pytest.importorskip("wam_diff_msgs", reason="wam_diff_msgs not built (scripts/install_ros.sh)")
-pytest.importorskip("highway_env", reason="embedded world dependencies not installed")
 
 SHORT_ROUTE = {"route_id": "short_highway", "scenario": "highway", "seed": 7, "density": 0.5,
                "target_distance_m": 60.0, "time_limit_s": 8.0,
@@ -17,6 +21,7 @@ SHORT_ROUTE = {"route_id": "short_highway", "scenario": "highway", "seed": 7, "d
 
 
 def test_demo_drives_a_route_through_the_planner_node_and_writes_scores_and_video(tmp_path):
+    pytest.importorskip("highway_env", reason="embedded world dependencies not installed")
     routes = tmp_path / "routes.json"
     routes.write_text(json.dumps({"version": "test", "routes": [SHORT_ROUTE]}))
     out = tmp_path / "out"
@@ -42,3 +47,73 @@ def test_demo_drives_a_route_through_the_planner_node_and_writes_scores_and_vide
     assert summary["policy"] == f"ros:/demo{os.getpid()}/wam_diff_planner" and "driving score" in log
     assert f"/demo{os.getpid()}/camera/image_raw" in log  # the extra parameter file was applied
     assert summary["videos"] and os.path.getsize(summary["videos"][0]) > 1000
+
+
+def test_planning_tick_publishes_the_route_target_with_the_image_stamp_when_given_and_none_without(monkeypatch):
+    from geometry_msgs.msg import PointStamped
+    from rclpy.context import Context
+    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.parameter import Parameter
+    from sensor_msgs.msg import Image
+
+    from wam_diff_core.types import EgoState
+    from wam_diff_msgs.msg import Trajectory
+    from wam_diff_ros.highway_bridge_node import HighwayBridgeNode, RosPlannerPolicy
+
+    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    monkeypatch.delenv("ROS_STATIC_PEERS", raising=False)
+    context = Context()
+    rclpy.init(context=context, domain_id=random.Random(os.getpid() + 11).randrange(201, 231))
+    ns = f"/bridge{os.getpid()}"
+    bridge = HighwayBridgeNode(namespace=ns, context=context, parameter_overrides=[
+        Parameter("camera_topic", value="camera/image_raw"), Parameter("odometry_topic", value="odom"),
+        Parameter("plan_timeout_s", value=10.0)])
+    probe = rclpy.create_node("probe", namespace=ns, context=context)
+    events = []  # ("target" | "image", message) in arrival order
+    answer = probe.create_publisher(Trajectory, "trajectory", 10)
+
+    def on_image(msg):
+        events.append(("image", msg))
+        answer.publish(Trajectory(header=msg.header, valid=False, error="probe answer"))
+
+    probe.create_subscription(PointStamped, "route_target", lambda m: events.append(("target", m)), 10)
+    probe.create_subscription(Image, "camera/image_raw", on_image, 10)
+    executor = MultiThreadedExecutor(num_threads=2, context=context)
+    executor.add_node(bridge)
+    executor.add_node(probe)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        assert bridge.wait_for_planner()
+        deadline = time.monotonic() + 10
+        while bridge._target_pub.get_subscription_count() < 1:
+            assert time.monotonic() < deadline, "no route target subscriber"
+            time.sleep(0.02)
+        world = SimpleNamespace(t=12.5, snapshot=lambda: {"t": world.t})
+        policy = RosPlannerPolicy(bridge)
+        policy.bind(world)
+        frame = np.zeros((8, 16, 3), np.uint8)
+        plan = policy.plan([frame], EgoState(5.0), "turn left", target=(24.75, 3.5))
+        assert plan.errors == {"planning": "probe answer"}  # the Trajectory with the tick's stamp came back
+        deadline = time.monotonic() + 10
+        while len(events) < 2:  # the two topics' callbacks on the probe may run in either order
+            assert time.monotonic() < deadline, f"route target not received: {[k for k, _ in events]}"
+            time.sleep(0.02)
+        assert sorted(k for k, _ in events) == ["image", "target"]
+        target, image = (next(m for k, m in events if k == kind) for kind in ("target", "image"))
+        assert (target.header.stamp.sec, target.header.stamp.nanosec) == (12, 500_000_000)
+        assert target.header.stamp == image.header.stamp and target.header.frame_id == "base_link"
+        assert (target.point.x, target.point.y) == (24.75, 3.5)
+
+        world.t = 13.0
+        plan = policy.plan([frame], EgoState(5.0), "turn left")  # no target: nothing on the topic
+        assert plan.errors == {"planning": "probe answer"}
+        time.sleep(0.3)  # a target would have been published before this tick's image, which already arrived
+        assert sorted(k for k, _ in events) == ["image", "image", "target"]
+        assert [m.header.stamp.sec for k, m in events if k == "image"] == [12, 13]
+    finally:
+        executor.shutdown(timeout_sec=2.0)
+        bridge.destroy_node()
+        probe.destroy_node()
+        rclpy.try_shutdown(context=context)
+        spinner.join(2.0)

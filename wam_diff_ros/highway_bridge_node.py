@@ -3,8 +3,9 @@
 The bridge drives routes of the suite with the same loop and scoring as `wam-diff drive`
 (wam_diff_core.sim.closed_loop.run_route); the policy it hands that loop is the planner node,
 reached over ROS. The world runs in lockstep with the planner (like CARLA's synchronous mode):
-at each planning tick the bridge publishes /clock, Odometry, the navigation command and the
-camera Image stamped with simulated time, then waits for the Trajectory carrying that stamp.
+at each planning tick the bridge publishes /clock, Odometry, the navigation command, the route
+target point (junction routes only) and the camera Image stamped with simulated time, then waits
+for the Trajectory carrying that stamp.
 Between plans the controller tracks the last plan (`replan_every` ticks at 10 Hz).
 At the end it prints the Bench2Drive-style table and writes OUT/summary.json (+ a video).
 
@@ -23,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 import rclpy
-from geometry_msgs.msg import Quaternion
+from geometry_msgs.msg import Point, PointStamped, Quaternion
 from nav_msgs.msg import Odometry
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.node import Node
@@ -54,9 +55,11 @@ PARAMETERS = {
     "camera_topic": ("/camera/image_raw", "sensor_msgs/Image published at each planning tick"),
     "odometry_topic": ("/odom", "nav_msgs/Odometry of the ego"),
     "command_topic": ("command", "std_msgs/String navigation command"),
+    "route_target_topic": ("route_target", "geometry_msgs/PointStamped route target point in base_frame_id, "
+                                           "published before the image on ticks where the route has one"),
     "trajectory_topic": ("trajectory", "wam_diff_msgs/Trajectory from the planner"),
     "camera_frame_id": ("camera_front", "frame id of the camera images"),
-    "base_frame_id": ("base_link", "child frame of the odometry"),
+    "base_frame_id": ("base_link", "child frame of the odometry; frame of the route target point"),
     "odom_frame_id": ("odom", "frame of the odometry pose"),
 }
 
@@ -70,7 +73,8 @@ def _ns_to_time(ns: int):
 
 
 class RosPlannerPolicy:
-    """A closed-loop policy (plan(images, ego, command) -> Plan) answered by the planner node over ROS."""
+    """A closed-loop policy (plan(images, ego, command, target=None) -> Plan) answered by the planner node over
+    ROS."""
 
     needs_images = True
     drives_itself = False
@@ -83,8 +87,8 @@ class RosPlannerPolicy:
     def bind(self, world) -> None:
         self.world = world
 
-    def plan(self, images, ego: EgoState, command: str) -> Plan:
-        return self.bridge.request_plan(self.world, images[0], ego, command)
+    def plan(self, images, ego: EgoState, command: str, target=None) -> Plan:
+        return self.bridge.request_plan(self.world, images[0], ego, command, target)
 
 
 class HighwayBridgeNode(Node):
@@ -100,6 +104,7 @@ class HighwayBridgeNode(Node):
         self._image_pub = self.create_publisher(Image, p["camera_topic"], 1)
         self._odom_pub = self.create_publisher(Odometry, p["odometry_topic"], 10)
         self._command_pub = self.create_publisher(String, p["command_topic"], 10)
+        self._target_pub = self.create_publisher(PointStamped, p["route_target_topic"], 10)
         self._traj_sub = self.create_subscription(Trajectory, p["trajectory_topic"], self._on_trajectory, 10)
         self._cond = threading.Condition()
         self._trajectories: dict[int, Trajectory] = {}
@@ -126,8 +131,10 @@ class HighwayBridgeNode(Node):
             time.sleep(0.05)
         return True
 
-    def request_plan(self, world, frame: np.ndarray, ego: EgoState, command: str) -> Plan:
-        """Publish one planning tick stamped with sim time and wait for the Trajectory with that stamp."""
+    def request_plan(self, world, frame: np.ndarray, ego: EgoState, command: str,
+                     target: Optional[tuple[float, float]] = None) -> Plan:
+        """Publish one planning tick stamped with sim time (with the route target point (x, y) m in the ego frame
+        when the route has one) and wait for the Trajectory with that stamp."""
         sim_t = float(world.snapshot()["t"])
         stamp_ns = self._offset_ns + int(round(sim_t * 1e9))
         stamp = _ns_to_time(stamp_ns)
@@ -137,6 +144,10 @@ class HighwayBridgeNode(Node):
         if command != self._last_command:
             self._command_pub.publish(String(data=command))
             self._last_command = command
+        if target is not None:  # before the image: the planner pairs it with the frame of the same stamp
+            x, y = target
+            self._target_pub.publish(PointStamped(header=Header(stamp=stamp, frame_id=p["base_frame_id"]),
+                                                  point=Point(x=float(x), y=float(y))))
         data, step = rgb_to_raw(np.ascontiguousarray(frame), "rgb8")
         image = Image(header=Header(stamp=stamp, frame_id=p["camera_frame_id"]), height=frame.shape[0],
                       width=frame.shape[1], encoding="rgb8", is_bigendian=0, step=step, data=data)
