@@ -21,9 +21,11 @@ class TextPolicy:
     def __init__(self, text):
         self.text = text
         self.calls = []
+        self.targets = []
 
-    def plan(self, images, ego, command):
+    def plan(self, images, ego, command, target=None):
         self.calls.append((images, ego, command))
+        self.targets.append(target)
         parsed = parse_trajectory(self.text)
         if isinstance(parsed, ParseError):
             return Plan(trajectory=None, valid=False, raw_text={"planning": self.text}, errors={"planning": str(parsed)})
@@ -129,6 +131,40 @@ def test_route_turn_reaches_the_policy_as_a_command_and_pose_uses_gnss():
         a.run_step(input_data(tick, x=0.0, y=12.0, yaw=90.0), tick * 0.05)
     assert policy.calls[-1][2] == "turn left"
     assert a._route.index == 1
+
+
+def test_route_target_is_the_route_25m_ahead_in_the_ego_frame_with_y_left():
+    # route along CARLA yaw 90 (+y_carla); the ego 12 m along it, 2 m to CARLA +x = the ego's left (CARLA y right)
+    a, policy = make_agent(STRAIGHT_5MPS, yaw=90.0)
+    a.run_step(input_data(0, x=2.0, y=12.0, yaw=90.0), 0.0)
+    x, y = policy.targets[-1]
+    assert x == pytest.approx(25.0, abs=0.05) and y == pytest.approx(-2.0, abs=0.05)  # the route is on its right
+
+
+def test_route_target_around_a_carla_right_turn_has_negative_y():
+    # 20 m along CARLA +x, then the route turns to CARLA +y: a right turn (CARLA is left-handed, y right)
+    world, gps = [], []
+    for x, y in [(0.0, 0.0), (10.0, 0.0), (20.0, 0.0), (20.0, 10.0), (20.0, 20.0)]:
+        world.append((carla.Transform(carla.Location(x=x, y=y), carla.Rotation(yaw=0.0)), 4))
+        lat, lon = GEO.to_gnss(x, y)
+        gps.append(({"lat": lat, "lon": lon, "z": 0.0}, 4))
+    a = agent_mod.WamDiffAgent("localhost", 2000, False)
+    a.set_global_plan(gps, world)
+    policy = TextPolicy(STRAIGHT_5MPS)
+    a.setup(str(DEFAULT_CONFIG), policy=policy)
+    a.run_step(input_data(0, x=0.0, y=0.0, yaw=0.0), 0.0)
+    x, y = policy.targets[-1]  # 25 m along: 20 m ahead, then 5 m to the right
+    assert x == pytest.approx(20.0, abs=0.05) and y == pytest.approx(-5.0, abs=0.05)
+
+
+def test_route_planner_ahead_point_projects_the_ego_between_sparse_points_and_stops_at_the_end():
+    from wam_diff_ros.carla.route_planner import RoutePlanner
+
+    rp = RoutePlanner([(0.0, 0.0), (50.0, 0.0), (100.0, 0.0)], [4, 4, 4])
+    rp.update((20.0, 1.0))  # nearest point is (0, 0), 20 m behind the ego
+    np.testing.assert_allclose(rp.ahead_point((20.0, 1.0)), [45.0, 0.0])
+    rp.update((90.0, 0.0))
+    np.testing.assert_allclose(rp.ahead_point((90.0, 0.0)), [100.0, 0.0])  # the route ends 10 m ahead
 
 
 def test_shift_plan_moves_along_the_trajectory_in_time():

@@ -2,9 +2,10 @@
 
 The leaderboard imports this file by path (`--agent .../wam_diff_ros/carla/agent.py`), so every
 import here is absolute. Per tick (20 Hz): sensors -> ego pose (GNSS + compass) and ego state
-(speedometer + IMU) -> route planner -> navigation command; every `plan_every_ticks` ticks the
-policy plans from the front camera (BGRA -> RGB here); between plans the last plan is shifted in
-time and re-expressed in the current ego frame; the controller turns it into throttle/steer/brake.
+(speedometer + IMU) -> route planner -> navigation command and route target point (the route
+ROUTE_TARGET_AHEAD_M ahead, in the ego frame); every `plan_every_ticks` ticks the policy plans from
+the front camera (BGRA -> RGB here); between plans the last plan is shifted in time and
+re-expressed in the current ego frame; the controller turns it into throttle/steer/brake.
 An invalid plan (bad model text, bad input) or a late one (wall time over `late_plan_s`) is dropped:
 the controller brakes until the next valid plan. Each case is counted in `stats` and written with
 the comfort signals to `<SAVE_PATH>/<save_name>/wam_diff_agent.json` on destroy().
@@ -26,8 +27,8 @@ import numpy as np
 from wam_diff_core.control import Controller
 from wam_diff_core.types import EgoState, Plan
 from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG, AgentConfig
-from wam_diff_ros.carla.frames import (GeoProjection, carla_steer, compass_to_heading, ego_state_from_imu,
-                                       vehicle_max_steer_rad)
+from wam_diff_ros.carla.frames import (GeoProjection, carla_steer, carla_to_rh, compass_to_heading,
+                                       ego_state_from_imu, vehicle_max_steer_rad, world_to_ego)
 from wam_diff_ros.carla.plan_tracking import HeldPlan, valid_trajectory
 from wam_diff_ros.carla.route_planner import RoutePlanner
 
@@ -78,8 +79,8 @@ class WamDiffAgent(AutonomousAgent):
     def setup(self, path_to_conf_file: str, policy=None):
         """path_to_conf_file: agent YAML; Bench2Drive appends '+<save_name>' for every route to the same
         string, so the YAML is what precedes the first '+' and the save name what follows the last.
-        `policy`: an object with DrivingPolicy's plan(images, ego, command) -> Plan (tests pass a
-        fake); by default the model named in the YAML is loaded."""
+        `policy`: an object with DrivingPolicy's plan(images, ego, command, target=(x, y)) -> Plan (tests pass
+        a fake); by default the model named in the YAML is loaded."""
         parts = (path_to_conf_file or "").split("+")
         conf, save_name = parts[0], (parts[-1] if len(parts) > 1 else "")
         self.config = AgentConfig.load(conf or DEFAULT_CONFIG)
@@ -136,11 +137,19 @@ class WamDiffAgent(AutonomousAgent):
         return images
 
     # ---------------------------------------------------------------- planning
-    def _plan(self, input_data, ego: EgoState, command: str, ego_rh: np.ndarray, heading: float, timestamp: float):
+    def _route_target(self, ego_xy: np.ndarray, ego_rh: np.ndarray, heading: float) -> tuple[float, float]:
+        """The route ROUTE_TARGET_AHEAD_M ahead of the ego along the route, (x forward, y left) m in the ego
+        frame (the route and `ego_xy` are CARLA world metres; CARLA's y right is flipped here)."""
+        point = carla_to_rh(self._route.ahead_point(ego_xy))
+        x, y = world_to_ego(point, ego_rh, heading)[0]
+        return float(x), float(y)
+
+    def _plan(self, input_data, ego: EgoState, command: str, ego_rh: np.ndarray, heading: float, timestamp: float,
+              target: Optional[tuple[float, float]] = None):
         self.stats["plans"] += 1
         start = time.perf_counter()
         try:
-            plan: Plan = self.policy.plan(self._images(input_data), ego, command)
+            plan: Plan = self.policy.plan(self._images(input_data), ego, command, target=target)
         except ValueError as exc:  # bad input frame: no plan this time, brake
             plan = Plan(trajectory=None, valid=False, errors={"input": str(exc)})
         wall = time.perf_counter() - start
@@ -171,10 +180,11 @@ class WamDiffAgent(AutonomousAgent):
         ego = ego_state_from_imu(speed, imu[0:3], imu[3:6])
         ego_xy, heading = self._pose(input_data)
         ego_rh = np.array([ego_xy[0], -ego_xy[1]])
-        target = self._route.update(ego_xy)
-        self.commands[target.command] += 1
+        route = self._route.update(ego_xy)
+        self.commands[route.command] += 1
         if tick % cfg.plan_every_ticks == 0:
-            self._plan(input_data, ego, target.command, ego_rh, heading, float(timestamp))
+            self._plan(input_data, ego, route.command, ego_rh, heading, float(timestamp),
+                       self._route_target(ego_xy, ego_rh, heading))
         waypoints, age = self._held.waypoints(ego_rh, heading, float(timestamp)) if self._held else (None, 0.0)
         control = self.controller.step(waypoints, speed, cfg.dt, plan_age_s=age)
         if control.reason in ("invalid plan", "stale plan"):

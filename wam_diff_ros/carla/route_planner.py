@@ -4,7 +4,8 @@ The leaderboard hands the agent its route as (point, RoadOption) pairs, downsamp
 where the option changes and every ~50 m. RoadOption is CARLA's `agents.navigation.local_planner`
 IntEnum; it is matched here by name or value so this module needs neither CARLA nor its agents.
 The planner follows the ego along the route (monotonic progress, nearest point in a window ahead)
-and announces the first junction or lane-change option within a look-ahead distance.
+and announces the first junction or lane-change option within a look-ahead distance. It also gives
+the route target point: the route ROUTE_TARGET_AHEAD_M ahead of the ego's position along it.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wam_diff_core.constants import NAV_COMMANDS
+from wam_diff_core.constants import NAV_COMMANDS, ROUTE_TARGET_AHEAD_M
 
 # RoadOption (name, value) -> project navigation command.
 ROAD_OPTION_COMMANDS = {
@@ -107,3 +108,26 @@ class RoutePlanner:
         remaining = float(self.cum[-1] - self.cum[best])
         done = best == len(self.points) - 1 and float(np.linalg.norm(self.points[-1] - ego)) <= c.reached_m
         return RouteTarget(command=command, index=best, distance_to_route_m=dist, remaining_m=remaining, done=done)
+
+    def progress_m(self, ego_xy: Sequence[float]) -> float:
+        """Arc length (m) of the ego's projection onto the route segments next to the matched point (`index`,
+        from the last update): the leaderboard's route points lie up to ~50 m apart, so the nearest point alone
+        can be far behind or ahead of the ego."""
+        ego = np.asarray(ego_xy, dtype=np.float64)[:2]
+        best_d, best_s = np.inf, float(self.cum[self.index])
+        for i in (self.index - 1, self.index):
+            if i < 0 or i + 1 >= len(self.points):
+                continue
+            a, seg = self.points[i], self.points[i + 1] - self.points[i]
+            length2 = float(seg @ seg)
+            t = 0.0 if length2 == 0.0 else float(np.clip((ego - a) @ seg / length2, 0.0, 1.0))
+            d = float(np.linalg.norm(a + t * seg - ego))
+            if d < best_d:
+                best_d, best_s = d, float(self.cum[i]) + t * float(self.cum[i + 1] - self.cum[i])
+        return best_s
+
+    def ahead_point(self, ego_xy: Sequence[float], ahead_m: float = ROUTE_TARGET_AHEAD_M) -> np.ndarray:
+        """The route point `ahead_m` metres along the route from the ego's projection onto it (the route's end
+        when nearer), (2,) in the route's frame: the route target point, before conversion to the ego frame."""
+        s = min(self.progress_m(ego_xy) + float(ahead_m), float(self.cum[-1]))
+        return np.array([np.interp(s, self.cum, self.points[:, 0]), np.interp(s, self.cum, self.points[:, 1])])
