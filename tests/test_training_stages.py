@@ -1,4 +1,5 @@
 """Training stages end to end on the nano model and tiny datasets written here (CPU, seconds each)."""
+import dataclasses
 import json
 import os
 import signal
@@ -376,3 +377,16 @@ def test_a_checkpoint_trained_on_route_target_prompts_records_it_and_old_checkpo
     assert main([*args, "--data", str(routed), "--out", str(tmp_path / "routed_run")]) == 0
     assert json.loads((tmp_path / "routed_run" / "ar" / "model" / "wam_diff.json").read_text())["route_target"] is True
     assert json.loads((tmp_path / "routed_run" / "ar" / "summary.json").read_text())["planning_route_targets"] == 5
+
+
+def test_export_route_target_switches_what_the_policy_is_told(nano_ckpt, tmp_path):
+    src = tmp_path / "rt"
+    loaded = load_model(nano_ckpt)
+    loaded.settings = dataclasses.replace(loaded.settings, route_target=True)
+    save_model(loaded, src)
+    assert main(["export", str(src), str(tmp_path / "off"), "--dtype", "float32", "--route-target", "off"]) == 0
+    assert main(["export", str(src), str(tmp_path / "kept"), "--dtype", "float32"]) == 0
+    assert load_model(tmp_path / "off").settings.route_target is False
+    assert load_model(tmp_path / "kept").settings.route_target is True
+    with pytest.raises(SystemExit):
+        main(["export", str(src), str(tmp_path / "bad"), "--route-target", "maybe"])

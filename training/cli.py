@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("dst", help="output directory (written atomically)")
     ex.add_argument("--dtype", default="bfloat16", help="bfloat16 | float16 | float32")
     ex.add_argument("--steps", type=int, default=None, help="set the default denoising steps per block")
+    ex.add_argument("--route-target", choices=("on", "off"), default=None,
+                    help="whether the exported checkpoint's policies state route target points (default: as trained)")
     speed = sub.add_parser("speed", help="seconds per optimizer step at several block sizes (table + JSON)")
     speed.add_argument("--init", default="nano", help="checkpoint directory or preset")
     speed.add_argument("--data", action="append", required=True, help="dataset file (repeatable)")
@@ -156,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     if args.stage == "export":
         from .export import export
 
-        print(f"exported: {export(args.src, args.dst, args.dtype, args.steps)}")
+        route_target = None if args.route_target is None else args.route_target == "on"
+        print(f"exported: {export(args.src, args.dst, args.dtype, args.steps, route_target)}")
         return 0
     if args.stage == "average":
         from .average import average, parse_weights

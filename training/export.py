@@ -2,7 +2,9 @@
 shipping (half the bytes of float32), processor and `wam_diff.json` unchanged. Loading upcasts to the
 dtype asked for (float32 on CPU by default), so the shipped weights are the evaluated ones.
 `--steps K` also sets the checkpoint's default denoising steps per block (the operating point it was
-evaluated at); everything else in `wam_diff.json` is kept."""
+evaluated at); `--route-target off` makes its policies plan without route target points (a checkpoint
+trained with them, shipped to a stack that has no route, or asked as it was before); everything else
+in `wam_diff.json` is kept."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -16,7 +18,8 @@ from wam_diff_core.model.checkpoint import load_model, save_model
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Optional[int] = None) -> Path:
+def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Optional[int] = None,
+           route_target: Optional[bool] = None) -> Path:
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     if steps is not None and steps < 1:
@@ -27,6 +30,8 @@ def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Opt
         if s.trained_block_size == 1 and steps != 1:
             raise ValueError(f"steps {steps}: {src} decodes autoregressively (block size 1), one step per token")
         loaded.settings = replace(s, decoding=replace(s.decoding, steps=int(steps)))
+    if route_target is not None:
+        loaded.settings = replace(loaded.settings, route_target=bool(route_target))
     loaded.model.to(DTYPES[dtype])
     loaded.model.config.dtype = DTYPES[dtype]
     return save_model(loaded, dst)
