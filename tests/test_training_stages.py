@@ -354,7 +354,8 @@ def test_a_trained_checkpoint_records_the_frame_size_of_its_planning_frames(nano
     assert load_model(tmp_path / "qa_run" / "ar" / "model").settings.frame_size == (96, 48)
 
 
-def test_a_checkpoint_trained_on_route_target_prompts_records_it_and_old_checkpoints_are_asked_without(nano_ckpt, tmp_path):
+def test_a_checkpoint_trained_on_route_target_prompts_records_it_and_old_checkpoints_are_asked_without(nano_ckpt, tmp_path,
+                                                                                                      capsys):
     from training.data import DrivingDataset, build_datasets
     from wam_diff_core.model.checkpoint import load
     from wam_diff_core.prompts import parse_route_target
@@ -377,6 +378,14 @@ def test_a_checkpoint_trained_on_route_target_prompts_records_it_and_old_checkpo
     assert main([*args, "--data", str(routed), "--out", str(tmp_path / "routed_run")]) == 0
     assert json.loads((tmp_path / "routed_run" / "ar" / "model" / "wam_diff.json").read_text())["route_target"] is True
     assert json.loads((tmp_path / "routed_run" / "ar" / "summary.json").read_text())["planning_route_targets"] == 5
+    # data.route_targets false: the same data trained without the sentence, and the checkpoint asked without it
+    routed_model = str(tmp_path / "routed_run" / "ar" / "model")
+    assert main([*args, "--data", str(routed), "--out", str(tmp_path / "stripped_run"), "--init", routed_model,
+                 "--set", "data.route_targets=false"]) == 0
+    assert load_model(tmp_path / "stripped_run" / "ar" / "model").settings.route_target is False
+    assert json.loads((tmp_path / "stripped_run" / "ar" / "summary.json").read_text())["planning_route_targets"] == 0
+    assert main([*args, "--data", str(routed), "--out", str(tmp_path / "bad"), "--set", "data.route_targets='no'"]) != 0
+    assert "data.route_targets: expected true/false, got 'no'" in capsys.readouterr().err
 
 
 def test_export_route_target_switches_what_the_policy_is_told(nano_ckpt, tmp_path):

@@ -31,6 +31,7 @@ class DataConfig:
     epoch_size: Optional[int] = None  # draws per epoch over the weighted mix; default: every sample once
     num_workers: int = 0
     trajectory_format: Optional[str] = None  # official | fixed; default: the initial checkpoint's
+    route_targets: bool = True  # false: planning prompts lose their route target sentence; the model plans without
 
 
 @dataclass
@@ -225,6 +226,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
 def validate(cfg: Config) -> None:
     if cfg.data.trajectory_format not in (None,) + TRAJECTORY_FORMATS:
         raise ConfigError(f"data.trajectory_format must be one of {TRAJECTORY_FORMATS}, got {cfg.data.trajectory_format!r}")
+    if not isinstance(cfg.data.route_targets, bool):
+        raise ConfigError(f"data.route_targets must be true or false, got {cfg.data.route_targets!r}")
     if cfg.data.on_bad_sample not in ("skip", "error"):
         raise ConfigError(f"data.on_bad_sample must be skip or error, got {cfg.data.on_bad_sample!r}")
     if cfg.train.batch_size < 1 or cfg.train.grad_accum < 1:

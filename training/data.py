@@ -392,10 +392,10 @@ class MixSampler:
 
 def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_tokens: int, max_response_tokens: int,
                    on_bad_sample: str, base_dir: Optional[Path] = None, trajectory_format: str = "official",
-                   occupancy_cells: Optional[int] = None) -> MixedDataset:
+                   occupancy_cells: Optional[int] = None, route_targets: bool = True) -> MixedDataset:
     """Datasets of config entries `{"path": ..., "weight": ..., "task": ..., "scenarios": [...]}` (paths relative
     to `base_dir`; `task`, a name or a list, keeps only those samples of the file; `scenarios`, only the samples
-    of those scenario types, by `meta.scenario`)."""
+    of those scenario types, by `meta.scenario`). `route_targets` False strips planning prompts' route target sentence."""
     datasets, weights = [], []
     for entry in entries:
         if isinstance(entry, str):
@@ -408,6 +408,6 @@ def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_t
         datasets.append(DrivingDataset(path, processor, max_prompt_tokens, max_response_tokens, on_bad_sample,
                                        name=entry.get("name"), tasks=entry.get("task"),
                                        trajectory_format=trajectory_format, occupancy_cells=occupancy_cells,
-                                       scenarios=entry.get("scenarios")))
+                                       scenarios=entry.get("scenarios"), route_targets=route_targets))
         weights.append(float(entry.get("weight", 1.0)))
     return MixedDataset(datasets, weights)

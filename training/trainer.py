@@ -266,7 +266,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
             raise ConfigError("perception.occupancy_weight needs train.parallel=ddp (the head is not sharded)")
         head = OccupancyHead(int(model.config.vision_config.out_hidden_size), pc.occupancy_cells).to(device)
     dataset = build_datasets(dc.train, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, dc.on_bad_sample,
-                             trajectory_format=style, occupancy_cells=pc.occupancy_cells if head is not None else None)
+                             trajectory_format=style, occupancy_cells=pc.occupancy_cells if head is not None else None,
+                             route_targets=dc.route_targets)
     scan_skipped = dataset.skipped()
     frame_size, frame_sizes = dataset.planning_frame_size(), dataset.planning_frame_sizes()
     if frame_size is not None:  # recorded in the checkpoint for closed-loop tools
@@ -275,8 +276,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         print(f"note: planning frames of several sizes {frame_sizes}; the checkpoint keeps "
               f"frame_size {loaded.settings.frame_size}", flush=True)
     route_targets = dataset.planning_route_targets()
-    if route_targets:  # the checkpoint's planning prompts may state a route target point: its policies give it one
-        loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, route_target=True))
+    if route_targets or not dc.route_targets:  # prompts that state a route target point: its policies give it one;
+        # data.route_targets false: trained without, asked without (even if the initial checkpoint had them)
+        loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, route_target=bool(route_targets)))
     sampler = MixSampler(dataset.sizes, dataset.weights, tc.batch_size, tc.seed, dc.epoch_size, ctx.rank, ctx.world)
     steps_total = tc.max_steps or max(1, math.ceil(tc.epochs * sampler.batches_per_epoch / tc.grad_accum))
     warmup = cfg.optim.warmup_steps if cfg.optim.warmup_steps is not None else math.ceil(cfg.optim.warmup_ratio * steps_total)
