@@ -226,8 +226,6 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
 def validate(cfg: Config) -> None:
     if cfg.data.trajectory_format not in (None,) + TRAJECTORY_FORMATS:
         raise ConfigError(f"data.trajectory_format must be one of {TRAJECTORY_FORMATS}, got {cfg.data.trajectory_format!r}")
-    if not isinstance(cfg.data.route_targets, bool):
-        raise ConfigError(f"data.route_targets must be true or false, got {cfg.data.route_targets!r}")
     if cfg.data.on_bad_sample not in ("skip", "error"):
         raise ConfigError(f"data.on_bad_sample must be skip or error, got {cfg.data.on_bad_sample!r}")
     if cfg.train.batch_size < 1 or cfg.train.grad_accum < 1:
