@@ -96,6 +96,23 @@ def test_only_runs_the_named_steps(tmp_path):
         run_recipe(load_recipe(_write(tmp_path, steps)), only={"c"}, echo=lambda *_: None)
 
 
+def test_only_runs_keep_the_walls_of_steps_they_skip(tmp_path):
+    a, b, c = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "c.txt"
+    steps = [{"name": "a", "run": _touch(a, 0.2)}, {"name": "b", "run": _touch(b, 0.1)},
+             {"name": "c", "run": f"{sys.executable} -c \"raise SystemExit(2)\""}]
+    path = _write(tmp_path, steps)
+    first = run_recipe(load_recipe(path), only={"a"}, echo=lambda *_: None)["steps"][0]["wall_s"]
+    second = run_recipe(load_recipe(path), only={"b"}, echo=lambda *_: None)
+    assert [r["status"] for r in second["steps"]] == ["skipped", "ok", "skipped"]
+    assert second["steps"][0]["wall_s"] == first >= 0.2  # a's wall survives a run that skipped it
+    with pytest.raises(StepFailed):
+        run_recipe(load_recipe(path), only={"c"}, echo=lambda *_: None)
+    third = run_recipe(load_recipe(path), only={"b"}, echo=lambda *_: None)
+    assert third["steps"][0]["wall_s"] == first  # and two of them
+    assert third["steps"][2]["wall_s"] is None  # a failed step's wall is not carried
+    assert third["total_wall_s"] == pytest.approx(first + third["steps"][1]["wall_s"], abs=0.11)
+
+
 @pytest.mark.parametrize("text, match", [
     ("name: t\nout: o\nsteps: []\n", "non-empty 'steps'"),
     ("name: t\nout: o\nsteps: [{name: a}]\n", r"expected \{name, run"),

@@ -40,6 +40,7 @@ LOG_DIR = "logs"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _STEP_KEYS = {"name", "run", "done"}
 _TIMED = ("ok", "done before")  # statuses whose wall time is a finished run's (kept across resumes)
+_CARRIED = _TIMED + ("skipped",)  # rows whose wall time, if any, is a finished run's (a skipped row only carries one)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def run_recipe(recipe: Recipe, resume: bool = False, only: Optional[set] = None,
     logs = recipe.out / LOG_DIR
     logs.mkdir(parents=True, exist_ok=True)
     env = step_env()
-    earlier = _previous(recipe) if resume else {}
+    earlier = _previous(recipe) if (resume or only) else {}
     rows: dict[str, dict] = {}
     n = len(recipe.steps)
     for i, step in enumerate(recipe.steps, 1):
@@ -152,7 +153,7 @@ def run_recipe(recipe: Recipe, resume: bool = False, only: Optional[set] = None,
             old = earlier.get(step.name, {})
             status = "skipped" if skip else "done before"
             rows[step.name] = {"name": step.name, "run": command, "status": status,
-                               "wall_s": old.get("wall_s") if old.get("status") in _TIMED else None}
+                               "wall_s": old.get("wall_s") if old.get("status") in _CARRIED else None}
             echo(f"[{i}/{n}] {step.name}: {status}")
             continue
         log_path = logs / f"{step.name}.log"
@@ -183,5 +184,6 @@ def main(path: str, resume: bool, only: Optional[str]) -> int:
         print(f"wam-diff-train recipe: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
     print(f"{recipe.name}: {'complete' if record['complete'] else 'partial'}, "
-          f"{record['total_wall_s']:.0f} s of steps run; {recipe.out / RECORD_FILE}")
+          f"{record['total_wall_s']:.0f} s of measured step walls (this run's and earlier runs' kept); "
+          f"{recipe.out / RECORD_FILE}")
     return 0
