@@ -39,8 +39,9 @@ RECORD_FILE = "recipe.json"
 LOG_DIR = "logs"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _STEP_KEYS = {"name", "run", "done"}
-_TIMED = ("ok", "done before")  # statuses whose wall time is a finished run's (kept across resumes)
-_CARRIED = _TIMED + ("skipped",)  # rows whose wall time, if any, is a finished run's (a skipped row only carries one)
+# statuses whose wall time, if any, is a finished run's, kept across --resume and --only runs (a skipped row's
+# wall is one carried from such a run; a failed step's is not kept)
+_CARRIED = ("ok", "done before", "skipped")
 
 
 @dataclass(frozen=True)
