@@ -2,7 +2,7 @@
 
 A model that cannot tell whether a junction's crossing traffic has cleared learns the majority answer for a
 standing ego, and in the short chain's data (v23) that answer is "stay": of the standing intersection samples
-about 70 % have labels the controller holds a stop on. Such a model, once stopped at an intersection, never drives
+94 % have labels the controller holds a stop on (345 of 368 in the expert planning set). Such a model, once stopped at an intersection, never drives
 off (all 8 suite intersections "agent blocked" for (f) and (g)). For each source `DIR/train.json` this writes
 `DIR/train_balanced.json` (image paths stay valid: relative to DIR) where, per junction scenario, the standing
 samples whose label stays are subsampled (seeded) to at most --ratio times the standing samples whose label drives
