@@ -207,8 +207,9 @@ def test_every_shipped_recipe_and_the_configs_its_steps_name_load():
     assert (v10.optim.lr, dagger.optim.lr, v10.perception.occupancy_weight) == (3e-4, 5e-4, 1.0)
     # the short chain's route target switch: a base's data.route_targets reaches a child that replaces data.train
     targets = {name: load_config(REPO / f"training/configs/nano_s_fast_{name}.yaml").data.route_targets
-               for name in ("balanced", "targets", "dagger4", "dagger5")}
-    assert targets == {"balanced": False, "targets": True, "dagger4": True, "dagger5": False}
+               for name in ("balanced", "targets", "dagger4", "dagger5", "n", "n_dagger", "n_dagger2")}
+    assert targets == {"balanced": False, "targets": True, "dagger4": True, "dagger5": False,
+                       "n": True, "n_dagger": True, "n_dagger2": True}
 
 
 def test_steps_find_the_projects_commands_without_an_activated_venv(tmp_path, monkeypatch):
