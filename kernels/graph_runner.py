@@ -58,6 +58,7 @@ class Bucket:
     temperature: float
     constrained: bool = False  # logits masked per position (the trajectory grammar) before each commit
     ordered: bool = False  # commits follow the grammar's chains (number order)
+    schedule: str = "linear"  # commits per step (remasking.masked_after)
 
 
 class BlockState:
@@ -120,7 +121,7 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
         if st.banned is not None:
             logits = logits.masked_fill(st.banned, float("-inf"))
         x, masked = remask_step(logits, st.x, st.masked, bucket.strategy, bucket.threshold, K, s,
-                                bucket.temperature, generator, st.chains)
+                                bucket.temperature, generator, st.chains, bucket.schedule)
         st.x.copy_(x)
         st.masked.copy_(masked)
     st.pend.copy_(st.x)
@@ -211,15 +212,16 @@ class GraphRunner:
     def bucket_for(self, batch: int, cfg: DecoderConfig, need: int, constrained: bool = False,
                    ordered: bool = False) -> _BucketRun:
         K = step_count(cfg.block_size, cfg.steps)
-        want = (batch, cfg.block_size, K, cfg.strategy, cfg.threshold, cfg.temperature, constrained, ordered)
+        want = (batch, cfg.block_size, K, cfg.strategy, cfg.threshold, cfg.temperature, constrained, ordered,
+                cfg.schedule)
         same = [r for key, r in self.buckets.items()
                 if (key.batch, key.block_size, key.steps, key.strategy, key.threshold, key.temperature,
-                    key.constrained, key.ordered) == want and key.capacity >= need]
+                    key.constrained, key.ordered, key.schedule) == want and key.capacity >= need]
         if same:
             return min(same, key=lambda r: r.bucket.capacity)
         capacity = -(-need // CAPACITY_ROUND) * CAPACITY_ROUND
         bucket = Bucket(batch, cfg.block_size, K, capacity, cfg.strategy, cfg.threshold, cfg.temperature, constrained,
-                        ordered)
+                        ordered, cfg.schedule)
         if self.cuda_graphs and cfg.temperature > 0:
             raise ValueError("captured decoding is greedy only (temperature 0); sampling runs with cuda_graphs off")
         run = _BucketRun(self, bucket)

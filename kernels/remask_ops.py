@@ -29,13 +29,13 @@ def block_logits(prev_logits: torch.Tensor, block_logits_: Optional[torch.Tensor
 def remask_step(logits: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, strategy: str, threshold: float,
                 steps: int, step: int, temperature: float = 0.0,
                 generator: Optional[torch.Generator] = None,
-                chain_start: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                chain_start: Optional[torch.Tensor] = None, schedule: str = "linear") -> tuple[torch.Tensor, torch.Tensor]:
     """Commit some masked positions of a block.
 
     logits: (batch, B, vocab); x: (batch, B) current tokens (mask id where masked); masked: (batch, B)
-    bool; chain_start: (batch, B) long or None (number order). Returns the new (x, masked). Positions
+    bool; chain_start: (batch, B) long or None (number order); schedule: `SCHEDULES`. Returns the new (x, masked). Positions
     already committed never change.
     """
     pred, conf = predict(logits, temperature, generator)
-    commit = commit_mask(conf, masked, strategy, threshold, steps, step, chain_start)
+    commit = commit_mask(conf, masked, strategy, threshold, steps, step, chain_start, schedule)
     return torch.where(commit, pred, x), masked & ~commit

@@ -11,6 +11,9 @@ the whole interval lies above it, else "undecided".
     .venv/bin/python scripts/l2_gap.py --data runs/occ/data_plan/val.json --samples 512 --out runs/v14/l2_gap \\
         "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32" "(w) K8=models/nano-s-b32@8" "(w) B16=models/nano-s-b32@16x4"
 
+A model spec may end in :SCHEDULE (`linear`, the default, or `cosine`: how many positions each denoising step
+commits, `wam_diff_core/decoding/remasking.py`), e.g. "(zh) cosine=models/nano-s-b32:cosine".
+
 Writes OUT/l2_gap.json, OUT/l2_gap.md (the table), OUT/l2_gap.png (L2 against horizon, 95 % bands) and the
 predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume) with each decode's clock beside them
 (<label>_planning.decode.json: K, tokens, seconds; tokens/s is each model's own pass, one after the other, not
@@ -19,6 +22,7 @@ the report's interleaved speed pass).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -32,7 +36,7 @@ from training.report.open_loop import decode_examples, decoder_config, load_spli
 from training.report.l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth  # noqa: E402
 from training.report.spec import slugify  # noqa: E402
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
-from wam_diff_core.model.settings import steps_for_block  # noqa: E402
+from wam_diff_core.model.settings import SCHEDULES, steps_for_block  # noqa: E402
 from wam_diff_core.policy import TASK_BUDGET  # noqa: E402
 
 STRATEGY, THRESHOLD = "low_confidence_dynamic", 0.9
@@ -54,6 +58,14 @@ def parse_model(spec: str, default_steps: int) -> tuple[str, str, Optional[int],
     if not Path(path).is_dir():
         raise SystemExit(f"{spec!r}: checkpoint directory {path} not found")
     return label, path, block, steps
+
+
+def split_schedule(spec: str) -> tuple[str, str]:
+    """SPEC[:SCHEDULE] -> (SPEC, schedule); "linear" when the spec names none."""
+    head, colon, tail = spec.rpartition(":")
+    if colon and tail in SCHEDULES:
+        return head, tail
+    return spec, "linear"
 
 
 def markdown(result: dict) -> str:
@@ -111,7 +123,7 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK], the first the reference")
+    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE], the first the reference")
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--steps", type=int, default=4,
@@ -125,13 +137,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from wam_diff_core.model.checkpoint import load_model
 
-    models = [parse_model(m, args.steps) for m in args.models]
+    models = []
+    for spec in args.models:
+        spec, schedule = split_schedule(spec)
+        models.append((*parse_model(spec, args.steps), schedule))
     if len({m[0] for m in models}) != len(models):
         raise SystemExit("model labels must differ")
     out, split = Path(args.out), Path(args.data)
     truth = ground_truth(split)
     rows, errors, common = [], [], None
-    for label, path, block, steps in models:
+    for label, path, block, steps, schedule in models:
         loaded = load_model(path)
         B = block or loaded.settings.trained_block_size
         K = steps_for_block(B, steps)
@@ -139,20 +154,21 @@ def main(argv=None) -> int:
         clock_path = pred_path.with_suffix(".decode.json")
         if not (args.resume and pred_path.is_file()):
             examples = load_split(split, loaded, "planning", args.samples)
-            cfg = decoder_config(B, K, STRATEGY, THRESHOLD, TASK_BUDGET["planning"], args.number_order == "on",
-                                 args.kinematic_envelope == "on")
+            cfg = dataclasses.replace(decoder_config(B, K, STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
+                                                     args.number_order == "on", args.kinematic_envelope == "on"),
+                                      schedule=schedule)
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
-            clock = {"block_size": B, "steps": cfg.steps, "tokens": decoded.tokens, "seconds": decoded.seconds,
+            clock = {"block_size": B, "steps": cfg.steps, "schedule": schedule, "tokens": decoded.tokens, "seconds": decoded.seconds,
                      "tokens_per_s": decoded.tokens_per_s, "forwards_per_token": decoded.forwards_per_token}
             clock_path.write_text(json.dumps(clock, indent=2) + "\n")
         clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
-        found = (clock.get("block_size", B), clock.get("steps", K))
-        if found != (B, K):
-            raise SystemExit(f"{label}: {pred_path} was decoded with B = {found[0]}, K = {found[1]}, asked for "
-                             f"B = {B}, K = {K}; use another label or --out")
+        found = (clock.get("block_size", B), clock.get("steps", K), clock.get("schedule", "linear"))
+        if found != (B, K, schedule):
+            raise SystemExit(f"{label}: {pred_path} was decoded with B = {found[0]}, K = {found[1]}, schedule "
+                             f"{found[2]}, asked for B = {B}, K = {K}, schedule {schedule}; use another label or --out")
         errs, invalid = errors_by_id(truth, pred_path)
-        rows.append({"label": label, "path": path, "block_size": B, "steps": K,
+        rows.append({"label": label, "path": path, "block_size": B, "steps": K, "schedule": schedule,
                      "tokens_per_s": clock.get("tokens_per_s"), "invalid": len(invalid), "predictions": str(pred_path)})
         errors.append(errs)
         common = set(errs) if common is None else common & set(errs)

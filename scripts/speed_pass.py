@@ -4,12 +4,14 @@ on all of them alike), as the report's speed pass does, with the kinematic envel
     .venv/bin/python scripts/speed_pass.py --data runs/occ/data_plan/val.json --samples 64 --out runs/v19/speed \\
         "AR=models/nano-s-ar" "AR raw=models/nano-s-ar:raw" "(zh)=models/nano-s-b32" "(zh) raw=models/nano-s-b32:raw"
 
-Each entry is LABEL=CHECKPOINT_DIR[@K | @BxK][:raw] (`:raw`: without the envelope); the first is the reference
+Each entry is LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw] (`:raw`: without the envelope; SCHEDULE as in
+`scripts/l2_gap.py`); the first is the reference
 of the x columns. Writes OUT/speed.json and prints a markdown table.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.l2_gap import STRATEGY, THRESHOLD, parse_model  # noqa: E402
+from scripts.l2_gap import STRATEGY, THRESHOLD, parse_model, split_schedule  # noqa: E402
 from training.report.open_loop import decode_in_turns, decoder_config, load_split  # noqa: E402
 from wam_diff_core.model.settings import steps_for_block  # noqa: E402
 from wam_diff_core.policy import TASK_BUDGET  # noqa: E402
@@ -28,7 +30,7 @@ RAW = ":raw"
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK][:raw], the first the reference")
+    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw], the first the reference")
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--steps", type=int, default=4)
@@ -41,11 +43,12 @@ def main(argv=None) -> int:
     runs, cache = [], {}
     for spec in args.models:
         raw = spec.endswith(RAW)
-        label, path, block, steps = parse_model(spec[: -len(RAW)] if raw else spec, args.steps)
+        spec, schedule = split_schedule(spec[: -len(RAW)] if raw else spec)
+        label, path, block, steps = parse_model(spec, args.steps)
         loaded = cache.setdefault(path, load_model(path))
         B = block or loaded.settings.trained_block_size
-        cfg = decoder_config(B, steps_for_block(B, steps), STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
-                             True, not raw)
+        cfg = dataclasses.replace(decoder_config(B, steps_for_block(B, steps), STRATEGY, THRESHOLD,
+                                                 TASK_BUDGET["planning"], True, not raw), schedule=schedule)
         runs.append((label, loaded, cfg))
     split = {}  # the samples, encoded once per checkpoint as it is asked them
     for _, loaded, _ in runs:
@@ -57,7 +60,8 @@ def main(argv=None) -> int:
     ref = runs[0][3].tokens_per_s
     result = {"data": args.data, "samples": len(examples), "threads": torch.get_num_threads(),
               "models": [{"label": label, "block_size": cfg.block_size, "steps": cfg.steps,
-                          "kinematic_envelope": cfg.kinematic_envelope, "tokens": acc.tokens, "seconds": acc.seconds,
+                          "kinematic_envelope": cfg.kinematic_envelope, "schedule": cfg.schedule,
+                          "tokens": acc.tokens, "seconds": acc.seconds,
                           "tokens_per_s": acc.tokens_per_s, "x_reference": acc.tokens_per_s / ref,
                           "ms_per_plan": 1000 * acc.seconds / len(examples)} for label, _, cfg, acc in runs]}
     out = Path(args.out)

@@ -73,6 +73,17 @@ def test_sequential_strategy_and_sampling_match_the_reference(nano, runner, stat
         assert static.generate(batch, cfg, nano.settings.eos_token_id).token_ids == ref.token_ids
 
 
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static"])
+def test_cosine_schedule_matches_the_reference_and_changes_the_commits(nano, runner, static, batches, strategy):
+    batch = batches["padded"]
+    cfg = _cfg(8, 4, strategy, schedule="cosine")
+    ref = generate(runner, batch, cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
+    assert static.generate(batch, cfg, nano.settings.eos_token_id).token_ids == ref.token_ids
+    if strategy == "low_confidence_static":  # random weights: the order of commits changes the tokens
+        linear = generate(runner, batch, _cfg(8, 4, strategy), nano.settings.mask_token_id, nano.settings.eos_token_id)
+        assert linear.token_ids != ref.token_ids
+
+
 def test_eos_stops_after_the_block_holding_it_like_the_reference(nano, runner, static, batches):
     batch = batches["single"]
     free = static.generate(batch, _cfg(4, 4, "low_confidence_static", max_new_tokens=24), nano.settings.eos_token_id)

@@ -109,9 +109,15 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     c = json.loads((out / "l2_gap.json").read_text())["models"][2]
     assert (c["block_size"], c["steps"], c["invalid"]) == (4, 2, 0)
     assert json.loads((out / "predictions" / "c_planning.decode.json").read_text())["block_size"] == 4
+    # :cosine decodes with the cosine commit schedule, recorded as such; asking "c" for it is refused
+    assert gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2", f"d={tmp_path / 'fixed'}@4x2:cosine"]) == 0
+    d = json.loads((out / "l2_gap.json").read_text())["models"][3]
+    assert (d["block_size"], d["steps"], d["schedule"], d["invalid"]) == (4, 2, "cosine", 0)
+    with pytest.raises(SystemExit, match="schedule linear, asked for B = 4, K = 2, schedule cosine"):
+        gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2:cosine"])
     # a resumed file decoded with another K is refused, not mislabelled
     (out / "predictions" / "b_planning.decode.json").write_text(json.dumps({"steps": 4}))
-    with pytest.raises(SystemExit, match="decoded with B = 1, K = 4, asked for B = 1, K = 1"):
+    with pytest.raises(SystemExit, match="decoded with B = 1, K = 4, schedule linear, asked for B = 1, K = 1"):
         gap.main(args + ["--resume"])
 
 
@@ -119,6 +125,8 @@ def test_bad_model_arguments_exit_naming_them(tmp_path):
     assert gap.parse_model(f"a={tmp_path}@8", 4) == ("a", str(tmp_path), None, 8)
     assert gap.parse_model(f"a={tmp_path}@16x2", 4) == ("a", str(tmp_path), 16, 2)
     assert gap.parse_model(f"a={tmp_path}", 4) == ("a", str(tmp_path), None, 4)
+    assert gap.split_schedule(f"a={tmp_path}@16x2:cosine") == (f"a={tmp_path}@16x2", "cosine")
+    assert gap.split_schedule(f"a={tmp_path}") == (f"a={tmp_path}", "linear")
     for bad in ("x", "16x", "0", "1x2x3"):
         with pytest.raises(SystemExit, match=f"expected K or BxK .* got '{bad}'"):
             gap.parse_model(f"a={tmp_path}@{bad}", 4)

@@ -79,6 +79,7 @@ def test_drive_suite_writes_route_json_summary_video_and_rescore_matches(tmp_pat
 def test_policy_overrides_decode_block_size_1_with_one_step():
     assert policy_overrides(None, None) is None
     assert policy_overrides(1, 8) == {"block_size": 1, "steps": 1}
+    assert policy_overrides(None, None, schedule="cosine") == {"schedule": "cosine"}
     assert policy_overrides(1, None) == {"block_size": 1, "steps": 1}
     assert policy_overrides(32, 4) == {"block_size": 32, "steps": 4}
     assert policy_overrides(4, 8) == {"block_size": 4, "steps": 4}   # at most one step per token

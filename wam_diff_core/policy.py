@@ -47,13 +47,14 @@ class PolicyConfig:
     tasks: tuple[str, ...] = ("planning",)
     number_order: bool = True  # trajectory digits most significant first (DecoderConfig.number_order)
     kinematic_envelope: bool = True  # plans inside the kinematic envelope (DecoderConfig.kinematic_envelope)
+    schedule: str = "linear"  # commits per denoising step (DecoderConfig.schedule)
 
     @classmethod
     def from_settings(cls, settings, **overrides) -> "PolicyConfig":
         """The checkpoint's own decoding defaults (its `wam_diff.json`), then `overrides`."""
         d = settings.decoding
         fields = dict(block_size=d.block_size, steps=d.steps, strategy=d.strategy, threshold=d.threshold,
-                      number_order=d.number_order)
+                      number_order=d.number_order, schedule=d.schedule)
         return cls(**{**fields, **overrides})
 
     def __post_init__(self):
@@ -69,7 +70,7 @@ class PolicyConfig:
         return DecoderConfig(block_size=self.block_size, steps=self.steps, strategy=self.strategy,
                              threshold=self.threshold, max_new_tokens=budget, temperature=self.temperature,
                              backend=self.backend, cuda_graphs=self.cuda_graphs, number_order=self.number_order,
-                             kinematic_envelope=self.kinematic_envelope)
+                             kinematic_envelope=self.kinematic_envelope, schedule=self.schedule)
 
 
 def _check_images(images) -> list[np.ndarray]:

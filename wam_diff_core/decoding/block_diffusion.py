@@ -104,7 +104,7 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
                 answer = torch.cat([out[:, : j * B], x], 1) if constraint.envelope is not None else None
                 logits = constraint.apply(logits, j * B, answer)
             pred, conf = predict(logits, cfg.temperature, generator)
-            commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains)
+            commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains, cfg.schedule)
             x = torch.where(commit, pred, x)
             masked = masked & ~commit
             if dynamic and s < K - 1 and bool(_settled(x, masked, done, eos_id, offsets, cfg.ignore_eos).all()):

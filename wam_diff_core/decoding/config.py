@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..attention.backends import BACKENDS
-from ..model.settings import STRATEGIES
+from ..model.settings import SCHEDULES, STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -13,7 +13,8 @@ class DecoderConfig:
     confidence threshold; token budget; temperature (0 = greedy); fuse_commit: write a finished block
     into the cache inside the next block's first step instead of a forward of its own; ignore_eos:
     always spend the whole budget (benchmarks on random weights); number_order: under a constraint that
-    knows its chains (the trajectory grammar), commit each number's characters most significant first."""
+    knows its chains (the trajectory grammar), commit each number's characters most significant first;
+    schedule: how many positions each step commits (`SCHEDULES`, `remasking.masked_after`)."""
 
     block_size: int = 32
     steps: int = 4
@@ -28,6 +29,7 @@ class DecoderConfig:
     seed: int = 0
     number_order: bool = True
     kinematic_envelope: bool = True
+    schedule: str = "linear"
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -36,6 +38,8 @@ class DecoderConfig:
             raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r} not in {SCHEDULES}")
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

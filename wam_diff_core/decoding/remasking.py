@@ -2,10 +2,15 @@
 
 Strategies (ARCHITECTURE.md decoding contract):
 - `low_confidence_dynamic`: every masked position whose confidence >= threshold, and at least as many
-  of the most confident as are needed to finish the block in the remaining steps (at least one);
-- `low_confidence_static`: a fixed count per step (the block spread evenly over the K steps), most
+  of the most confident as the schedule asks of this step (at least one);
+- `low_confidence_static`: a fixed count per step (the schedule's share of the block), most
   confident first;
 - `sequential`: the same count per step, leftmost first.
+Schedules (`SCHEDULES`): the fraction of the block still masked after step s of K is 1 - (s + 1) / K
+("linear": the block spread evenly over the K steps) or cos(pi / 2 (s + 1) / K) ("cosine", MaskGIT's: few
+commits in the first steps, so the first decisions condition more of the later ones). The dynamic
+strategy applies the fraction to what is still masked (positions committed early by the threshold
+shorten the later quotas).
 With chains (number order, `chain_start` from the trajectory grammar), a position is a candidate only
 once the positions before it in its chain are committed (the chain's frontier); a confident position
 commits beyond the frontier only when every position before it in its chain is committed or commits
@@ -14,9 +19,11 @@ No host synchronisation: counts are tensors; the step schedule is known on the h
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ..model.settings import STRATEGIES
+from ..model.settings import SCHEDULES, STRATEGIES
 
 
 def step_count(block_size: int, steps: int) -> int:
@@ -24,10 +31,45 @@ def step_count(block_size: int, steps: int) -> int:
     return max(1, min(steps, block_size))
 
 
-def static_quota(block_size: int, steps: int, step: int) -> int:
-    """Positions committed at `step` (0-based) so that after step s, round(B (s+1) / K) are done."""
+def masked_after(schedule: str, steps: int, step: int) -> float:
+    """Fraction of the block the schedule leaves masked after `step` (0-based) of `steps`: 1 before the
+    first step, 0 after the last."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+    t = (step + 1) / steps
+    if t >= 1:
+        return 0.0
+    return 1.0 - t if schedule == "linear" else math.cos(math.pi / 2 * t)
+
+
+def done_after(block_size: int, steps: int, step: int, schedule: str = "linear") -> int:
+    """Positions of a block committed after `step` (0-based): linear floor(B (s+1) / K); cosine
+    B - floor(B cos(pi / 2 (s+1) / K)); B after the last step."""
     k = step_count(block_size, steps)
-    return (block_size * (step + 1)) // k - (block_size * step) // k
+    if step < 0:
+        return 0
+    if schedule == "linear" or step >= k - 1:
+        masked_after(schedule, k, step)  # validates the name
+        return min(block_size, (block_size * (step + 1)) // k)
+    return block_size - math.floor(block_size * masked_after(schedule, k, step))
+
+
+def static_quota(block_size: int, steps: int, step: int, schedule: str = "linear") -> int:
+    """Positions committed at `step` (0-based) by the static strategies."""
+    return done_after(block_size, steps, step, schedule) - done_after(block_size, steps, step - 1, schedule)
+
+
+def dynamic_need(remaining: torch.Tensor, steps: int, step: int, schedule: str = "linear") -> torch.Tensor:
+    """(batch,) long: positions the dynamic strategy commits at least at `step`, of `remaining` masked:
+    linear ceil(remaining / steps left); otherwise what the schedule's ratio masked_after(s) /
+    masked_after(s - 1) leaves masked is kept. At least one while any remain."""
+    steps_left = steps - step
+    if schedule == "linear" or steps_left <= 1:
+        masked_after(schedule, steps, step)  # validates the name
+        return torch.div(remaining + steps_left - 1, steps_left, rounding_mode="floor")
+    before = 1.0 if step == 0 else masked_after(schedule, steps, step - 1)
+    keep = torch.floor(remaining.float() * (masked_after(schedule, steps, step) / before)).long()
+    return torch.minimum(remaining, torch.clamp(remaining - keep, min=1))
 
 
 def predict(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None
@@ -63,11 +105,13 @@ def chain_prefix_ok(ok: torch.Tensor, chain_start: torch.Tensor) -> torch.Tensor
 
 
 def commit_mask(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, threshold: float,
-                steps: int, step: int, chain_start: torch.Tensor | None = None) -> torch.Tensor:
+                steps: int, step: int, chain_start: torch.Tensor | None = None,
+                schedule: str = "linear") -> torch.Tensor:
     """Boolean (batch, B): the masked positions to commit at `step` of `steps`.
 
     confidence: (batch, B) float; masked: (batch, B) bool (True = still masked); chain_start: (batch, B)
-    long or None, the block position where each position's chain starts (`TokenConstraint.chains`).
+    long or None, the block position where each position's chain starts (`TokenConstraint.chains`);
+    schedule: one of `SCHEDULES`.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown remasking strategy {strategy!r}; expected one of {STRATEGIES}")
@@ -77,11 +121,10 @@ def commit_mask(confidence: torch.Tensor, masked: torch.Tensor, strategy: str, t
         return masked.clone()
     candidates = masked if chain_start is None else chain_frontier(masked, chain_start)
     if strategy == "low_confidence_dynamic":
-        steps_left = k - step
-        remaining = masked.sum(dim=1)
-        need = torch.div(remaining + steps_left - 1, steps_left, rounding_mode="floor")
+        need = dynamic_need(masked.sum(dim=1), k, step, schedule)
     else:
-        need = torch.full((batch,), static_quota(block, steps, step), device=masked.device, dtype=torch.long)
+        need = torch.full((batch,), static_quota(block, steps, step, schedule), device=masked.device,
+                          dtype=torch.long)
         need = torch.minimum(need, masked.sum(dim=1))
     if strategy == "sequential":
         score = -torch.arange(block, device=masked.device, dtype=torch.float32).expand(batch, block)

@@ -9,6 +9,9 @@ from typing import Optional, Sequence
 from ..constants import MASK_TOKEN, TRAJECTORY_FORMATS, WAM_DIFF_CONFIG_NAME
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
+# How many of a block's masked positions each step commits (remasking.masked_after): "linear" spreads them
+# evenly over the K steps; "cosine" (MaskGIT's schedule) commits few in the first steps and more later.
+SCHEDULES = ("linear", "cosine")
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,7 @@ class DecodingDefaults:
     strategy: str = "low_confidence_dynamic"
     threshold: float = 0.9
     number_order: bool = True  # fixed-style trajectory digits most significant first
+    schedule: str = "linear"  # commits per step (SCHEDULES)
 
 
 def check_frame_size(value: Sequence[int]) -> tuple[int, int]:
@@ -86,6 +90,8 @@ class WamDiffSettings:
             raise ValueError(f"{path}: not a valid {WAM_DIFF_CONFIG_NAME} ({exc})") from exc
         if settings.decoding.strategy not in STRATEGIES:
             raise ValueError(f"{path}: decoding.strategy {settings.decoding.strategy!r} not in {STRATEGIES}")
+        if settings.decoding.schedule not in SCHEDULES:
+            raise ValueError(f"{path}: decoding.schedule {settings.decoding.schedule!r} not in {SCHEDULES}")
         if settings.trajectory_format not in TRAJECTORY_FORMATS:
             raise ValueError(f"{path}: trajectory_format {settings.trajectory_format!r} not in {TRAJECTORY_FORMATS}")
         if settings.trained_block_size < 1:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..constants import FRAME_SIZE, NUM_WAYPOINTS, REPLAN_EVERY, WAYPOINT_DT_S
 from ..eval import bench2drive
-from ..model.settings import steps_for_block
+from ..model.settings import SCHEDULES, steps_for_block
 from ..control import ControllerConfig
 from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes, suite_version
 
@@ -332,11 +332,13 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 
 # ---------------------------------------------------------------- CLI
 def policy_overrides(block_size: Optional[int], steps: Optional[int], number_order: Optional[bool] = None,
-                     kinematic_envelope: Optional[bool] = None) -> Optional[dict]:
+                     kinematic_envelope: Optional[bool] = None, schedule: Optional[str] = None) -> Optional[dict]:
     """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
     out = {} if number_order is None else {"number_order": bool(number_order)}
     if kinematic_envelope is not None:
         out["kinematic_envelope"] = bool(kinematic_envelope)
+    if schedule is not None:
+        out["schedule"] = schedule
     if block_size is not None:
         out["block_size"] = block_size
         if steps is not None or block_size == 1:
@@ -347,7 +349,7 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int], number_ord
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --block-size, --steps, --number-order, --kinematic-envelope: how every suite command runs a
+    """--device, --block-size, --steps, --number-order, --kinematic-envelope, --schedule: how every suite command runs a
     learned policy (see
     `policy_overrides`, `cli_overrides`)."""
     parser.add_argument("--device", default="cpu")
@@ -361,13 +363,16 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinematic-envelope", choices=("on", "off"), default=None,
                         help="learned policy: decode plans inside the kinematic envelope (default: on; "
                              "wam_diff_core/decoding/envelope.py)")
+    parser.add_argument("--schedule", choices=SCHEDULES, default=None,
+                        help="learned policy: how many positions each denoising step commits (default: the "
+                             "checkpoint's own, linear when it does not say; wam_diff_core/decoding/remasking.py)")
 
 
 def cli_overrides(args) -> Optional[dict]:
     """`policy_overrides` of the options `add_decoding_arguments` added."""
     order = None if args.number_order is None else args.number_order == "on"
     envelope = None if args.kinematic_envelope is None else args.kinematic_envelope == "on"
-    return policy_overrides(args.block_size, args.steps, order, envelope)
+    return policy_overrides(args.block_size, args.steps, order, envelope, args.schedule)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
