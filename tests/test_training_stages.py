@@ -300,6 +300,10 @@ def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nan
     got = load_model(tmp_path / "k4").settings
     assert (got.decoding.steps, got.decoding.block_size, got.trained_block_size) == (4, 32, 32)
     assert got.decoding.strategy == loaded.settings.decoding.strategy
+    assert got.decoding.schedule == "linear"
+    assert main(["export", str(tmp_path / "k4"), str(tmp_path / "cos"), "--dtype", "float32", "--schedule", "cosine"]) == 0
+    got = load_model(tmp_path / "cos").settings
+    assert (got.decoding.schedule, got.decoding.steps) == ("cosine", 4)
     from training.export import export
 
     ar = tmp_path / "ar"
@@ -307,6 +311,8 @@ def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nan
     save_model(loaded, ar)
     with pytest.raises(ValueError, match="block size 1"):
         export(ar, tmp_path / "y", "float32", steps=4)
+    with pytest.raises(ValueError, match="schedule 'zigzag'"):
+        export(b32, tmp_path / "z", "float32", schedule="zigzag")
     with pytest.raises(ValueError, match="steps 0"):
         export(b32, tmp_path / "z", "float32", steps=0)
 

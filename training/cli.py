@@ -21,6 +21,8 @@ from typing import Optional
 
 import yaml
 
+from wam_diff_core.model.settings import SCHEDULES
+
 from .config import Config, ConfigError, load_config, set_key, validate
 
 STAGES = ("ar", "adapt", "distill")
@@ -83,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--steps", type=int, default=None, help="set the default denoising steps per block")
     ex.add_argument("--route-target", choices=("on", "off"), default=None,
                     help="whether the exported checkpoint's policies state route target points (default: as trained)")
+    ex.add_argument("--schedule", choices=SCHEDULES, default=None,
+                    help="set the default commit schedule per denoising step (default: kept)")
     speed = sub.add_parser("speed", help="seconds per optimizer step at several block sizes (table + JSON)")
     speed.add_argument("--init", default="nano", help="checkpoint directory or preset")
     speed.add_argument("--data", action="append", required=True, help="dataset file (repeatable)")
@@ -159,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         from .export import export
 
         route_target = None if args.route_target is None else args.route_target == "on"
-        print(f"exported: {export(args.src, args.dst, args.dtype, args.steps, route_target)}")
+        print(f"exported: {export(args.src, args.dst, args.dtype, args.steps, route_target, args.schedule)}")
         return 0
     if args.stage == "average":
         from .average import average, parse_weights

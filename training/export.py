@@ -2,7 +2,7 @@
 shipping (half the bytes of float32), processor and `wam_diff.json` unchanged. Loading upcasts to the
 dtype asked for (float32 on CPU by default), so the shipped weights are the evaluated ones.
 `--steps K` also sets the checkpoint's default denoising steps per block (the operating point it was
-evaluated at); `--route-target off` makes its policies plan without route target points (a checkpoint
+evaluated at); `--schedule cosine` its commit schedule (`remasking.masked_after`); `--route-target off` makes its policies plan without route target points (a checkpoint
 trained with them, shipped to a stack that has no route, or asked as it was before); everything else
 in `wam_diff.json` is kept."""
 from __future__ import annotations
@@ -14,22 +14,28 @@ from typing import Optional
 import torch
 
 from wam_diff_core.model.checkpoint import load_model, save_model
+from wam_diff_core.model.settings import SCHEDULES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Optional[int] = None,
-           route_target: Optional[bool] = None) -> Path:
+           route_target: Optional[bool] = None, schedule: Optional[str] = None) -> Path:
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     if steps is not None and steps < 1:
         raise ValueError(f"steps {steps}: expected a number of denoising steps >= 1")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r}: expected one of {SCHEDULES}")
     loaded = load_model(src)
     if steps is not None:
         s = loaded.settings
         if s.trained_block_size == 1 and steps != 1:
             raise ValueError(f"steps {steps}: {src} decodes autoregressively (block size 1), one step per token")
         loaded.settings = replace(s, decoding=replace(s.decoding, steps=int(steps)))
+    if schedule is not None:
+        s = loaded.settings
+        loaded.settings = replace(s, decoding=replace(s.decoding, schedule=schedule))
     if route_target is not None:
         loaded.settings = replace(loaded.settings, route_target=bool(route_target))
     loaded.model.to(DTYPES[dtype])
