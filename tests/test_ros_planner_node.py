@@ -525,6 +525,14 @@ def test_lifecycle_transitions_load_and_free_the_model(ros):
     assert node.policy is None and loaded[1].closed
 
 
+def test_an_unknown_commit_schedule_fails_configure_naming_it(ros):
+    node = ros.planner(None, autostart=False, commit_schedule="zigzag")
+    with pytest.raises(ValueError, match="commit_schedule must be one of \\['linear', 'cosine'\\].*'zigzag'"):
+        node._read_parameters()
+    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert node.policy is None
+
+
 @pytest.mark.parametrize("model", ["fake", "nano"])
 def test_sigint_shuts_the_node_down_within_2_s_even_while_planning(ros, model):
     """The node runs as its own process (the console-script entry point); SIGINT arrives while the
@@ -591,6 +599,8 @@ def test_block_size_and_steps_default_to_the_checkpoints_own(nano, tmp_path):
     assert (cfg.block_size, cfg.steps) == (16, b16.settings.decoding.steps)
     assert cfg.kinematic_envelope is True  # on unless the parameter turns it off
     assert load_policy(dataclasses.replace(base, kinematic_envelope=False)).config.kinematic_envelope is False
+    assert cfg.schedule == "linear"  # the checkpoint's own unless the parameter names one
+    assert load_policy(dataclasses.replace(base, commit_schedule="cosine")).config.schedule == "cosine"
 
 
 def test_nano_model_end_to_end_image_in_trajectory_and_answer_out(ros):

@@ -41,6 +41,7 @@ from builtin_interfaces.msg import Time
 from visualization_msgs.msg import MarkerArray
 
 from wam_diff_core.constants import NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, TASKS
+from wam_diff_core.model.settings import SCHEDULES
 from wam_diff_core.types import EgoState, Plan, check_command, check_route_target
 from wam_diff_msgs.msg import Detection2DArray, DrivingAnswer, Trajectory
 from wam_diff_msgs.srv import AskQuestion
@@ -66,6 +67,8 @@ PARAMETERS = {
     "denoising_steps": (0, "K: denoising steps per block (0 = the checkpoint's own)"),
     "remasking_strategy": ("low_confidence_dynamic", "low_confidence_dynamic, low_confidence_static or sequential"),
     "remasking_threshold": (0.9, "confidence threshold of low_confidence_dynamic"),
+    "commit_schedule": ("", f"positions committed per denoising step, one of {list(SCHEDULES)} ('' = the "
+                            f"checkpoint's own; wam_diff_core/decoding/remasking.py)"),
     "max_new_tokens": (0, "token budget per answer; 0 = the model's default"),
     "kinematic_envelope": (True, "decode plans inside the kinematic envelope (wam_diff_core/decoding/envelope.py; "
                                  "eager decoding only, not the CUDA-graph path)"),
@@ -105,6 +108,7 @@ class PolicySettings:
     max_new_tokens: int
     tasks: tuple[str, ...]
     kinematic_envelope: bool = True
+    commit_schedule: str = ""  # "" = the checkpoint's own
 
 
 def load_policy(settings: PolicySettings):
@@ -125,6 +129,8 @@ def load_policy(settings: PolicySettings):
         kwargs["steps"] = settings.denoising_steps
     if settings.max_new_tokens > 0:
         kwargs["max_new_tokens"] = settings.max_new_tokens
+    if settings.commit_schedule:
+        kwargs["schedule"] = settings.commit_schedule
     return DrivingPolicy.load(settings.model, device=settings.device, overrides=kwargs)  # B, K unset: the checkpoint's
 
 
@@ -308,6 +314,9 @@ class PlannerNode(LifecycleNode):
         if not float(p["route_target_max_age_s"]) >= 0:
             raise ValueError(f"route_target_max_age_s must be >= 0 seconds, got {p['route_target_max_age_s']}")
         p["route_target_max_age_s"] = float(p["route_target_max_age_s"])
+        if str(p["commit_schedule"]) not in ("",) + SCHEDULES:
+            raise ValueError(f"commit_schedule must be one of {list(SCHEDULES)} or '' (the checkpoint's own), "
+                             f"got {p['commit_schedule']!r}")
         if not str(p["route_target_topic"]):
             raise ValueError("route_target_topic must be a topic name, got ''")
         p["policy"] = PolicySettings(
@@ -315,7 +324,8 @@ class PlannerNode(LifecycleNode):
             cuda_graphs=bool(p["cuda_graphs"]), block_size=int(p["block_size"]),
             denoising_steps=int(p["denoising_steps"]), remasking_strategy=str(p["remasking_strategy"]),
             remasking_threshold=float(p["remasking_threshold"]), max_new_tokens=int(p["max_new_tokens"]),
-            tasks=p["tasks"], kinematic_envelope=bool(p["kinematic_envelope"]))
+            tasks=p["tasks"], kinematic_envelope=bool(p["kinematic_envelope"]),
+            commit_schedule=str(p["commit_schedule"]))
         return p
 
     # ------------------------------------------------------------------ inputs (executor threads)
