@@ -31,11 +31,15 @@ def step_count(block_size: int, steps: int) -> int:
     return max(1, min(steps, block_size))
 
 
+def check_schedule(schedule: str) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+
+
 def masked_after(schedule: str, steps: int, step: int) -> float:
     """Fraction of the block the schedule leaves masked after `step` (0-based) of `steps`: 1 before the
     first step, 0 after the last."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+    check_schedule(schedule)
     t = (step + 1) / steps
     if t >= 1:
         return 0.0
@@ -46,10 +50,10 @@ def done_after(block_size: int, steps: int, step: int, schedule: str = "linear")
     """Positions of a block committed after `step` (0-based): linear floor(B (s+1) / K); cosine
     B - floor(B cos(pi / 2 (s+1) / K)); B after the last step."""
     k = step_count(block_size, steps)
+    check_schedule(schedule)
     if step < 0:
         return 0
     if schedule == "linear" or step >= k - 1:
-        masked_after(schedule, k, step)  # validates the name
         return min(block_size, (block_size * (step + 1)) // k)
     return block_size - math.floor(block_size * masked_after(schedule, k, step))
 
@@ -63,9 +67,9 @@ def dynamic_need(remaining: torch.Tensor, steps: int, step: int, schedule: str =
     """(batch,) long: positions the dynamic strategy commits at least at `step`, of `remaining` masked:
     linear ceil(remaining / steps left); otherwise what the schedule's ratio masked_after(s) /
     masked_after(s - 1) leaves masked is kept. At least one while any remain."""
+    check_schedule(schedule)
     steps_left = steps - step
     if schedule == "linear" or steps_left <= 1:
-        masked_after(schedule, steps, step)  # validates the name
         return torch.div(remaining + steps_left - 1, steps_left, rounding_mode="floor")
     before = 1.0 if step == 0 else masked_after(schedule, steps, step - 1)
     keep = torch.floor(remaining.float() * (masked_after(schedule, steps, step) / before)).long()
