@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from wam_diff_core.model.checkpoint import load_model, save_model
-from wam_diff_core.model.settings import SCHEDULES
+from wam_diff_core.decoding.remasking import check_schedule
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -25,8 +25,8 @@ def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Opt
         raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     if steps is not None and steps < 1:
         raise ValueError(f"steps {steps}: expected a number of denoising steps >= 1")
-    if schedule is not None and schedule not in SCHEDULES:
-        raise ValueError(f"schedule {schedule!r}: expected one of {SCHEDULES}")
+    if schedule is not None:
+        check_schedule(schedule)
     loaded = load_model(src)
     if steps is not None:
         s = loaded.settings
