@@ -8,6 +8,7 @@
   wam-diff-train speed   --init CKPT --data D --block-sizes 1,32   (seconds per optimizer step)
   wam-diff-train recipe  training/recipes/nano_s_b32.yaml [--resume]  (a model card's commands, timed)
   wam-diff-train average A B [C ...] --out DST [--weights 0.5,0.5]   (parameter average of one lineage)
+  wam-diff-train provenance RUN_A RUN_B     (which recorded input or step output differs between two runs)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
 Runs under `torchrun --nproc_per_node N -m training.cli ...` as well (DDP; gloo on CPU).
@@ -105,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     recipe.add_argument("file", help="recipe YAML (training/recipes/*.yaml)")
     recipe.add_argument("--resume", action="store_true", help="skip steps whose 'done' path exists")
     recipe.add_argument("--only", help="comma-separated step names to run (the others are skipped)")
+    prov = sub.add_parser("provenance", help="compare the digests two runs record (recipe.json, a stage's summary)")
+    prov.add_argument("a", help="recipe.json, summary.json / run_config.json, or the directory holding one")
+    prov.add_argument("b", help="the same for the other run")
     return parser
 
 
@@ -170,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"averaged: {average(args.sources, args.out, parse_weights(args.weights, len(args.sources)))}")
         return 0
+    if args.stage == "provenance":
+        from .provenance import main as compare_runs
+
+        return compare_runs(args.a, args.b)
     if args.stage == "recipe":
         from .recipe import main as run_recipe
 

@@ -3,7 +3,9 @@ one's log kept, its wall time and exit status written to `<out>/recipe.json` as 
 
 A recipe is how a model card's "reproduce this model" becomes one command. With `--resume`, a step whose
 `done` path exists is not run again (its earlier time, when recorded, is kept), so a recipe interrupted
-after an hour picks up where it stopped.
+after an hour picks up where it stopped. Each finished step's row also records `outputs`: digests of its
+`done` path and of the checkpoint weights or data frames beside it, so `wam-diff-train provenance` can say
+at which step a rebuild first made something different.
 
     name: nano-s-b32
     out: runs/repro                    # logs/<step>.log and recipe.json go here
@@ -34,6 +36,7 @@ from typing import Optional
 import yaml
 
 from .config import ConfigError
+from .provenance import output_record
 
 RECORD_FILE = "recipe.json"
 LOG_DIR = "logs"
@@ -134,6 +137,11 @@ def _previous(recipe: Recipe) -> dict:
         return {}
 
 
+def _outputs(step: Step) -> Optional[dict]:
+    """Digests of what the step made (`provenance.output_record`), so two builds compare step by step."""
+    return output_record(step.done) if step.done else None
+
+
 def run_recipe(recipe: Recipe, resume: bool = False, only: Optional[set] = None, echo=print) -> dict:
     """Run every step in order (with `only`: just those names). Returns the record written to
     `<out>/recipe.json`. Raises StepFailed at the first step that exits non-zero (the record says so)."""
@@ -154,7 +162,8 @@ def run_recipe(recipe: Recipe, resume: bool = False, only: Optional[set] = None,
             old = earlier.get(step.name, {})
             status = "skipped" if skip else "done before"
             rows[step.name] = {"name": step.name, "run": command, "status": status,
-                               "wall_s": old.get("wall_s") if old.get("status") in _CARRIED else None}
+                               "wall_s": old.get("wall_s") if old.get("status") in _CARRIED else None,
+                               "outputs": _outputs(step) if status == "done before" else old.get("outputs")}
             echo(f"[{i}/{n}] {step.name}: {status}")
             continue
         log_path = logs / f"{step.name}.log"
@@ -169,7 +178,8 @@ def run_recipe(recipe: Recipe, resume: bool = False, only: Optional[set] = None,
         wall = round(time.perf_counter() - t0, 1)
         ok = rc == 0 and (step.done is None or Path(step.done).exists())
         status = "ok" if ok else (f"exit {rc}" if rc else f"exit 0 but {step.done} is missing")
-        rows[step.name] = {"name": step.name, "run": command, "status": status, "wall_s": wall, "log": str(log_path)}
+        rows[step.name] = {"name": step.name, "run": command, "status": status, "wall_s": wall, "log": str(log_path),
+                           "outputs": _outputs(step) if ok else None}
         record = _write_record(recipe, rows)
         echo(f"[{i}/{n}] {step.name}: {status} in {wall:.0f} s (recipe so far {record['total_wall_s']:.0f} s)")
         if not ok:

@@ -3,9 +3,11 @@
 A stage writes into `<out>/<name>/`:
 - `model/`: the final Hugging Face checkpoint, `wam_diff.json` with trained_block_size = B;
 - `resume/`: the latest resume point while the stage runs (removed once `model/` is written);
-- `run_config.json` (the resolved config), `metrics.jsonl` (one line per logged step), `tb/`
+- `run_config.json` (the resolved config and the digests of its inputs: data files, their frames, the initial
+  checkpoint, the teacher; `training/provenance.py`), `metrics.jsonl` (one line per logged step), `tb/`
   (TensorBoard), `eval.json` (validation),
-  `param_digest.rank<r>.txt` (a hash of the final parameters per process).
+  `param_digest.rank<r>.txt` (a hash of the final parameters per process), `summary.json` (inputs,
+  param_digest, validation metrics).
 Resuming reloads weights, optimizer, scheduler and RNG states from `resume/` and continues the data
 stream and the per-step noise exactly where they were (both depend only on the seed and the step).
 """
@@ -39,6 +41,7 @@ from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
 from .objective import SelectedLogits, diffusion_loss, distill_loss
 from .perception import OccupancyHead
+from .provenance import stage_inputs
 from .state import MODEL_DIR, STATE_FILE, load_resume, save_model_as, save_resume, set_rng_state
 
 FINAL_DIR = "model"
@@ -307,10 +310,13 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         start_step = int(state["step"])
 
     params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head is not None else [])
+    inputs = None
     if ctx.is_main:
+        inputs = stage_inputs([d["path"] if isinstance(d, dict) else d for d in dc.train], dc.val, stage.init, stage.teacher)
         stage_dir.mkdir(parents=True, exist_ok=True)
         (stage_dir / "run_config.json").write_text(json.dumps({"stage": stage.__dict__, "config": cfg.to_dict(),
-                                                            "world": ctx.world, "steps": steps_total}, indent=2))
+                                                            "world": ctx.world, "steps": steps_total,
+                                                            "inputs": inputs}, indent=2))
     log = MetricsLog(stage_dir / "metrics.jsonl", start_step, tc.tensorboard) if ctx.is_main else None
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=_IndexStream(sampler, start_step * tc.grad_accum),
@@ -410,6 +416,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         return None
 
     full_state = full_model_state(module) if sharded else None  # a collective
+    digest = None
     if not sharded or ctx.is_main:
         digest = param_digest(full_state if sharded else model.state_dict())
         (stage_dir / f"param_digest.rank{ctx.rank}.txt").write_text(digest + "\n")
@@ -420,7 +427,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         shutil.rmtree(resume_dir, ignore_errors=True)
         summary = {"stage": stage.name, "block_size": stage.block_size, "steps": steps_total,
                    "skipped_scan": scan_skipped, "skipped_runtime": skipped_runtime,
-                   "planning_frame_sizes": frame_sizes, "planning_route_targets": route_targets}
+                   "planning_frame_sizes": frame_sizes, "planning_route_targets": route_targets,
+                   "inputs": inputs, "param_digest": digest}
         if cfg.eval.enabled and dc.val:
             ec = cfg.eval
             val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip",
