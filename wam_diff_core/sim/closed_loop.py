@@ -135,11 +135,14 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
             frames.append(draw_plan(tick.frame, px, f"{route.route_id} t={tick.t:4.1f}s v={tick.ego.speed:4.1f} {tick.command}"))
         if tick.frame is not None:
             frame_hash.update(tick.frame.tobytes())
+        # the next tick's frame is rendered only when it is read: by the video, or by the plan asked for then
+        frame_next = video or (needs_images and (pending is None or k + 1 >= pending[3])
+                               and k + 1 - request_tick >= replan_every)
         if drives_itself:
-            tick = world.step()
+            tick = world.step(frame=frame_next)
         else:
             c = ctl.step(traj_now, tick.ego.speed, world.dt, plan_age_s=0.0 if plan is None else (k - plan_tick) * world.dt)
-            tick = world.step(c.accel, c.steer)
+            tick = world.step(c.accel, c.steer, frame=frame_next)
         state_hash.update(np.asarray(world.snapshot()["vehicles"], dtype=np.float64).tobytes())
         # bookkeeping
         step_m = math.hypot(tick.pose[0] - last_pose[0], tick.pose[1] - last_pose[1])

@@ -216,7 +216,7 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=FRAME
     if 0 % every == 0:
         lanes_at[0] = world.lanes_gt()
     while True:
-        tick = world.step()
+        tick = world.step(frame=len(ticks) % every == 0)  # only the sampled ticks' frames are read
         k = len(ticks)
         ticks.append(tick)
         if k % every == 0:
