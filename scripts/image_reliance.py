@@ -97,7 +97,7 @@ def main() -> int:
         for task, split in zip(tasks, splits):
             ds = DrivingDataset(split, loaded.processor, 1 << 16, 1 << 16, "skip", tasks=[task],
                                 trajectory_format=loaded.settings.trajectory_format,
-                                route_targets=loaded.settings.route_target)
+                                route_targets=loaded.settings.prompt_route_targets)
             if len(ds) < 2:
                 raise SystemExit(f"{split}: fewer than 2 usable {task!r} samples")
             row = {"model": path, "block_size": B, "task": task, "split": split,

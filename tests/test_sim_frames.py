@@ -1,5 +1,6 @@
-"""Frames rendered only where they are read (`HighwayWorld.step(frame=...)`), and ground-truth vehicle ids that
-survive Python's reuse of object ids: neither may change what the world does or what a drive scores."""
+"""Frames rendered only where they are read (`HighwayWorld.step(frame=...)`), ground-truth vehicle ids that
+survive Python's reuse of object ids (neither may change what the world does or what a drive scores), and route
+targets stated on the route types a checkpoint learned them on."""
 import gc
 import time
 
@@ -10,7 +11,7 @@ pytest.importorskip("highway_env", reason="embedded world dependencies (requirem
 
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
 from wam_diff_core.sim import highway  # noqa: E402
-from wam_diff_core.sim.closed_loop import run_route  # noqa: E402
+from wam_diff_core.sim.closed_loop import route_target_scenarios, run_route  # noqa: E402
 from wam_diff_core.sim.highway import HighwayWorld  # noqa: E402
 from wam_diff_core.sim.routes import Route  # noqa: E402
 from wam_diff_core.types import Plan  # noqa: E402
@@ -106,3 +107,33 @@ def test_vehicles_spawned_later_never_inherit_an_earlier_vehicle_id():
     assert getattr(newcomer, highway._VID_ATTR) == len(numbered)
     assert 0 not in {v.vid for v in tick.vehicles}
     world.close()
+
+
+JUNCTIONS = [Route("t_int_rt", "intersection", 1, 1.0, 90.0, 2.0, {"destination": "o2"}),
+             Route("t_round_rt", "roundabout", 3, 1.0, 40.0, 2.0, {"exit": "wxs"})]
+
+
+class TargetPolicy(FramePolicy):
+    """Records the route target each plan is given."""
+
+    def __init__(self, scenarios=None):
+        super().__init__()
+        self.targets = []
+        if scenarios is not None:
+            self.route_target_scenarios = scenarios
+
+    def plan(self, images, ego, command, target=None):
+        self.targets.append(target)
+        return super().plan(images, ego, command, target)
+
+
+def test_the_world_states_route_targets_on_the_route_types_a_policy_learned_them_on():
+    assert route_target_scenarios(FramePolicy()) == ("intersection", "roundabout")
+    assert route_target_scenarios(TargetPolicy(("roundabout",))) == ("roundabout",)
+    for route in JUNCTIONS:
+        everywhere, roundabouts = TargetPolicy(), TargetPolicy(("roundabout",))
+        a, b = run_route(route, everywhere), run_route(route, roundabouts)
+        assert len(everywhere.targets) == a["plans"] >= 5 and all(t is not None for t in everywhere.targets)
+        assert all((t is not None) == (route.scenario == "roundabout") for t in roundabouts.targets)
+    with pytest.raises(ValueError, match="route_target_scenarios \\['highway'\\]"):
+        HighwayWorld(JUNCTIONS[0], route_target_scenarios=("highway",))

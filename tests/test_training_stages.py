@@ -317,8 +317,9 @@ def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nan
         export(b32, tmp_path / "z", "float32", steps=0)
 
 
-def write_planning_dataset(root: Path, size: tuple[int, int], n: int = 4, target=None) -> Path:
-    """n planning samples whose frames are `size` (W, H) pixels (prompts with the route target `target` when given)."""
+def write_planning_dataset(root: Path, size: tuple[int, int], n: int = 4, target=None, scenarios=None) -> Path:
+    """n planning samples whose frames are `size` (W, H) pixels (prompts with the route target `target` when given;
+    sample i of scenario scenarios[i % len(scenarios)] in its meta when given)."""
     from wam_diff_core.codec import format_trajectory
     from wam_diff_core.prompts import planning_prompt
     from wam_diff_core.types import EgoState
@@ -332,6 +333,8 @@ def write_planning_dataset(root: Path, size: tuple[int, int], n: int = 4, target
         samples.append({"id": f"p{i}", "datasource": "toy", "task": "planning", "image": [f"f{i}.png"],
                         "conversations": [{"from": "human", "value": "<image>\n" + planning_prompt(EgoState(2.0 * i), "follow lane", target)},
                                           {"from": "gpt", "value": format_trajectory(traj)}]})
+        if scenarios:
+            samples[-1]["meta"] = {"scenario": scenarios[i % len(scenarios)]}
     path = root / "train.json"
     path.write_text(json.dumps(samples))
     return path
@@ -391,7 +394,33 @@ def test_a_checkpoint_trained_on_route_target_prompts_records_it_and_old_checkpo
     assert load_model(tmp_path / "stripped_run" / "ar" / "model").settings.route_target is False
     assert json.loads((tmp_path / "stripped_run" / "ar" / "summary.json").read_text())["planning_route_targets"] == 0
     assert main([*args, "--data", str(routed), "--out", str(tmp_path / "bad"), "--set", "data.route_targets='no'"]) != 0
-    assert "data.route_targets: expected true/false, got 'no'" in capsys.readouterr().err
+    assert "data.route_targets: expected true/false or a list, got 'no'" in capsys.readouterr().err
+
+
+def test_route_targets_on_some_route_types_keep_the_sentence_there_alone_and_the_checkpoint_records_them(nano_ckpt,
+                                                                                                         tmp_path):
+    from training.data import DrivingDataset
+    from wam_diff_core.model.checkpoint import load
+    from wam_diff_core.prompts import parse_route_target
+
+    data = write_planning_dataset(tmp_path / "junctions", (64, 32), n=6, target=(25.0, -4.5),
+                                  scenarios=["roundabout", "intersection", "roundabout"])
+    ds = DrivingDataset(data, load(nano_ckpt).processor, 4096, 512, "skip", route_targets=["roundabout"])
+    assert [parse_route_target(x[2]) is not None for x in ds.samples] == [True, False, True, True, False, True]
+    assert ds.planning_route_targets == 4
+
+    args = ["ar", "--init", str(nano_ckpt), "--max-steps", "1", "--batch-size", "4", "--set", "eval.enabled=false", *FAST]
+    assert main([*args, "--data", str(data), "--out", str(tmp_path / "run"), "--set", "data.route_targets=[roundabout]"]) == 0
+    settings = load_model(tmp_path / "run" / "ar" / "model").settings
+    assert settings.route_target is True and settings.route_target_scenarios == ("roundabout",)
+    assert settings.prompt_route_targets == ("roundabout",)
+    assert json.loads((tmp_path / "run" / "ar" / "model" / "wam_diff.json").read_text())["route_target_scenarios"] == ["roundabout"]
+    assert json.loads((tmp_path / "run" / "ar" / "summary.json").read_text())["planning_route_targets"] == 4
+    # true keeps every target and records no restriction
+    assert main([*args, "--data", str(data), "--out", str(tmp_path / "all")]) == 0
+    every = load_model(tmp_path / "all" / "ar" / "model").settings
+    assert every.route_target_scenarios is None and every.prompt_route_targets is True
+    assert main([*args, "--data", str(data), "--out", str(tmp_path / "bad"), "--set", "data.route_targets=[highway]"]) != 0
 
 
 def test_export_route_target_switches_what_the_policy_is_told(nano_ckpt, tmp_path):

@@ -220,7 +220,7 @@ def run_eval(args: argparse.Namespace) -> int:
     loaded = load_model(args.model)
     B = args.block_size or loaded.settings.trained_block_size
     val = DrivingDataset(args.data, loaded.processor, 1 << 16, 1 << 16, "skip",
-                         trajectory_format=loaded.settings.trajectory_format, route_targets=loaded.settings.route_target)
+                         trajectory_format=loaded.settings.trajectory_format, route_targets=loaded.settings.prompt_route_targets)
     metrics = evaluate(loaded.model, loaded.processor, loaded.settings, spaced_examples(val, args.max_samples), B,
                        args.steps, args.strategy, args.threshold, args.max_new_tokens)
     text = json.dumps(metrics, indent=2)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 
 from wam_diff_core.constants import TRAJECTORY_FORMATS
+from wam_diff_core.model.settings import check_route_target_scenarios
 
 from .perception import OCCUPANCY_CELLS
 
@@ -31,7 +32,9 @@ class DataConfig:
     epoch_size: Optional[int] = None  # draws per epoch over the weighted mix; default: every sample once
     num_workers: int = 0
     trajectory_format: Optional[str] = None  # official | fixed; default: the initial checkpoint's
-    route_targets: bool = True  # false: planning prompts lose their route target sentence; the model plans without
+    # false: planning prompts lose their route target sentence, the model plans without; a list of junction route
+    # types (e.g. [roundabout]): they keep it on those alone (meta.scenario), and the world states it there alone
+    route_targets: Union[bool, list] = True
 
 
 @dataclass
@@ -123,6 +126,7 @@ class Config:
 
 
 _SECTIONS = {f.name: f for f in dataclasses.fields(Config)}
+_BOOL_OR_LIST = "Union[bool, list]"  # the declared type of a field that takes true/false or a list
 
 
 def _coerce(value: Any, current: Any, name: str) -> Any:
@@ -170,9 +174,14 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
     if not dataclasses.is_dataclass(target) or key not in {f.name for f in dataclasses.fields(target)}:
         raise ConfigError(f"unknown config key {dotted!r}")
     current = getattr(target, key)
+    declared = {f.name: f.type for f in dataclasses.fields(target)}[key]
+    declared = declared if isinstance(declared, str) else getattr(declared, "__name__", "")
+    if declared == _BOOL_OR_LIST:  # a switch that may instead name what it applies to
+        if not isinstance(value, (bool, list)):
+            raise ConfigError(f"{dotted}: expected true/false or a list, got {value!r}")
+        setattr(target, key, value)
+        return
     if current is None and value is not None:  # Optional[...] field: coerce by its declared type
-        declared = {f.name: f.type for f in dataclasses.fields(target)}[key]
-        declared = declared if isinstance(declared, str) else getattr(declared, "__name__", "")
         current = 0 if "int" in declared else 0.0 if "float" in declared else ""
     if dataclasses.is_dataclass(current):
         if not isinstance(value, dict):
@@ -246,5 +255,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"perception.occupancy_weight must be >= 0, got {cfg.perception.occupancy_weight}")
     if cfg.perception.occupancy_cells not in OCCUPANCY_CELLS:
         raise ConfigError(f"perception.occupancy_cells must be one of {OCCUPANCY_CELLS}, got {cfg.perception.occupancy_cells}")
+    if not isinstance(cfg.data.route_targets, bool):
+        try:
+            check_route_target_scenarios(cfg.data.route_targets)
+        except ValueError as exc:
+            raise ConfigError(f"data.route_targets: true, false or {exc}") from exc
     if cfg.train.backend not in ("sdpa", "flex"):
         raise ConfigError(f"train.backend must be sdpa or flex, got {cfg.train.backend!r}")

@@ -159,7 +159,7 @@ class DrivingDataset(torch.utils.data.Dataset):
                  max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None,
                  tasks: Optional[Sequence[str]] = None, trajectory_format: str = "official",
                  occupancy_cells: Optional[int] = None, scenarios: Optional[Sequence[str]] = None,
-                 route_targets: bool = True):
+                 route_targets: Union[bool, Sequence[str]] = True):
         if on_bad_sample not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"on_bad_sample must be one of {BAD_SAMPLE_POLICIES}, got {on_bad_sample!r}")
         if trajectory_format not in TRAJECTORY_FORMATS:
@@ -175,7 +175,8 @@ class DrivingDataset(torch.utils.data.Dataset):
         self.skipped_ids: list[tuple[str, str]] = []
         self.tasks = [tasks] if isinstance(tasks, str) else (list(tasks) if tasks else None)
         self.occupancy_cells = occupancy_cells  # set: Examples carry perception targets from meta boxes
-        self.route_targets = route_targets  # False: planning prompts lose their route target sentence (old checkpoints)
+        # False: planning prompts lose their route target sentence (old checkpoints); route types: kept on those alone
+        self.route_targets = route_targets if isinstance(route_targets, bool) else tuple(route_targets)
         self.metas: list = []  # the kept samples' meta (when occupancy_cells is set)
         self.planning_frame_sizes: Counter = Counter()  # (W, H) of the kept planning samples' images
         self.planning_route_targets = 0  # kept planning samples whose prompt states a route target point
@@ -214,7 +215,8 @@ class DrivingDataset(torch.utils.data.Dataset):
             prompt, response = sample_to_chat(sample)
         except ValueError as exc:
             raise DataError(f"bad conversation: {exc}") from exc
-        if not self.route_targets:
+        keep = self.route_targets if isinstance(self.route_targets, bool) else _scenario(sample) in self.route_targets
+        if not keep:
             prompt = without_route_target(prompt)
         task = str(sample.get("task", ""))
         response = self._restyle(task, response)
@@ -392,10 +394,12 @@ class MixSampler:
 
 def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_tokens: int, max_response_tokens: int,
                    on_bad_sample: str, base_dir: Optional[Path] = None, trajectory_format: str = "official",
-                   occupancy_cells: Optional[int] = None, route_targets: bool = True) -> MixedDataset:
+                   occupancy_cells: Optional[int] = None, route_targets: Union[bool, Sequence[str]] = True
+                   ) -> MixedDataset:
     """Datasets of config entries `{"path": ..., "weight": ..., "task": ..., "scenarios": [...]}` (paths relative
     to `base_dir`; `task`, a name or a list, keeps only those samples of the file; `scenarios`, only the samples
-    of those scenario types, by `meta.scenario`). `route_targets` False strips planning prompts' route target sentence."""
+    of those scenario types, by `meta.scenario`). `route_targets` False strips planning prompts' route target sentence;
+    a list of route types keeps it in their samples alone."""
     datasets, weights = [], []
     for entry in entries:
         if isinstance(entry, str):

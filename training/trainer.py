@@ -281,7 +281,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     route_targets = dataset.planning_route_targets()
     if route_targets or not dc.route_targets:  # prompts that state a route target point: its policies give it one;
         # data.route_targets false: trained without, asked without (even if the initial checkpoint had them)
-        loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, route_target=bool(route_targets)))
+        only = None if isinstance(dc.route_targets, bool) or not route_targets else tuple(dc.route_targets)
+        loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, route_target=bool(route_targets),
+                                                                          route_target_scenarios=only))
     sampler = MixSampler(dataset.sizes, dataset.weights, tc.batch_size, tc.seed, dc.epoch_size, ctx.rank, ctx.world)
     steps_total = tc.max_steps or max(1, math.ceil(tc.epochs * sampler.batches_per_epoch / tc.grad_accum))
     warmup = cfg.optim.warmup_steps if cfg.optim.warmup_steps is not None else math.ceil(cfg.optim.warmup_ratio * steps_total)
@@ -432,7 +434,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         if cfg.eval.enabled and dc.val:
             ec = cfg.eval
             val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip",
-                                 trajectory_format=style, route_targets=loaded.settings.route_target)
+                                 trajectory_format=style, route_targets=loaded.settings.prompt_route_targets)
             eval_model = load(final_dir, device=device).model if sharded else model
             use_backend(eval_model, tc.backend)
             metrics = evaluate(eval_model, loaded.processor, loaded.settings, spaced_examples(val, ec.max_samples),

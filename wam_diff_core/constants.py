@@ -60,6 +60,10 @@ NAV_COMMANDS = (
 # routes that take a junction (intersections, roundabouts), where the command alone does not say which branch;
 # a checkpoint trained with such prompts records `route_target: true` in its wam_diff.json.
 ROUTE_TARGET_AHEAD_M = 25.0
+# The route types that take a junction (the world's corridor routes), where a route target point can be stated. A
+# checkpoint may have learned targets on some of them only (`wam_diff.json` route_target_scenarios); the closed
+# loop's world then states them there alone.
+JUNCTION_SCENARIOS = ("intersection", "roundabout")
 
 # Tasks the policy can answer in one token space.
 TASKS = ("planning", "detection", "qa")

@@ -79,14 +79,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.no_video:
         bridge_overrides.append(Parameter("video", value=False))
     try:
-        from wam_diff_core.sim.routes import checkpoint_frame_size, parse_frame_size
+        from wam_diff_core.sim.routes import checkpoint_frame_size, checkpoint_route_target_scenarios, parse_frame_size
 
         size = parse_frame_size(args.frame_size) if args.frame_size else checkpoint_frame_size(args.model)
+        target_scenarios = checkpoint_route_target_scenarios(args.model)
     except ValueError as exc:
         print(f"wam-diff-demo: {exc}", file=sys.stderr)
         return 1
     if size is not None:
         bridge_overrides += [Parameter("frame_width", value=size[0]), Parameter("frame_height", value=size[1])]
+    if target_scenarios is not None:
+        bridge_overrides.append(Parameter("route_target_scenarios", value=",".join(target_scenarios)))
 
     rclpy.init(args=ros_args)
     planner = PlannerNode(namespace=args.namespace, parameter_overrides=planner_overrides)

@@ -32,7 +32,8 @@ from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header, String
 
-from wam_diff_core.constants import FRAME_SIZE, REPLAN_EVERY
+from wam_diff_core.constants import FRAME_SIZE, JUNCTION_SCENARIOS, REPLAN_EVERY
+from wam_diff_core.model.settings import check_route_target_scenarios
 from wam_diff_core.types import EgoState, Plan
 from wam_diff_msgs.msg import Trajectory
 
@@ -57,6 +58,9 @@ PARAMETERS = {
     "command_topic": ("command", "std_msgs/String navigation command"),
     "route_target_topic": ("route_target", "geometry_msgs/PointStamped route target point in base_frame_id, "
                                            "published before the image on ticks where the route has one"),
+    "route_target_scenarios": (",".join(JUNCTION_SCENARIOS), "comma-separated junction route types whose ticks "
+                               "publish a route target (the planner's checkpoint's wam_diff.json route_target_scenarios; "
+                               "wam-diff-demo sets it)"),
     "trajectory_topic": ("trajectory", "wam_diff_msgs/Trajectory from the planner"),
     "camera_frame_id": ("camera_front", "frame id of the camera images"),
     "base_frame_id": ("base_link", "child frame of the odometry; frame of the route target point"),
@@ -207,6 +211,8 @@ class HighwayBridgeNode(Node):
             raise TimeoutError(f"planner did not subscribe {self._image_pub.topic_name} within "
                                f"{p['connect_timeout_s']} s")
         policy = RosPlannerPolicy(self)
+        policy.route_target_scenarios = check_route_target_scenarios(
+            [s.strip() for s in str(p["route_target_scenarios"]).split(",") if s.strip()])
         records = []
         wall0 = time.perf_counter()
         for index, route in enumerate(routes):

@@ -89,7 +89,7 @@ class Report:
         report share the processor)."""
         from .open_loop import load_split
 
-        key = (task, loaded.settings.trajectory_format, loaded.settings.route_target)
+        key = (task, loaded.settings.trajectory_format, loaded.settings.prompt_route_targets)
         if key not in self._examples:
             self._examples[key] = load_split(self.spec.data[task], loaded, task, self.spec.samples[task])
         return self._examples[key]

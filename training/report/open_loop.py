@@ -55,7 +55,7 @@ class Decoded:
 def load_split(path: str | Path, loaded: LoadedModel, task: str, limit: int) -> list[Example]:
     """`limit` evenly spaced usable samples of `task` in a split file (skips counted by the dataset)."""
     ds = DrivingDataset(path, loaded.processor, 1 << 16, 1 << 16, "skip", tasks=[task],
-                        trajectory_format=loaded.settings.trajectory_format, route_targets=loaded.settings.route_target)
+                        trajectory_format=loaded.settings.trajectory_format, route_targets=loaded.settings.prompt_route_targets)
     if len(ds) == 0:
         raise ValueError(f"{path}: no usable {task!r} samples (skipped: {ds.stats.skipped})")
     return spaced_examples(ds, limit)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..constants import MASK_TOKEN, TRAJECTORY_FORMATS, WAM_DIFF_CONFIG_NAME
+from ..constants import JUNCTION_SCENARIOS, MASK_TOKEN, TRAJECTORY_FORMATS, WAM_DIFF_CONFIG_NAME
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 # How many of a block's masked positions each step commits (remasking.masked_after): "linear" spreads them
@@ -36,6 +36,15 @@ def check_frame_size(value: Sequence[int]) -> tuple[int, int]:
     return w, h
 
 
+def check_route_target_scenarios(value: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty list of junction route types (JUNCTION_SCENARIOS) as a tuple; a ValueError names the value
+    otherwise."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value \
+            or any(v not in JUNCTION_SCENARIOS for v in value):
+        raise ValueError(f"route_target_scenarios {value!r}: expected a non-empty list of {list(JUNCTION_SCENARIOS)}")
+    return tuple(value)
+
+
 def steps_for_block(block_size: int, steps: int) -> int:
     """Denoising steps per block actually used: B = 1 decodes one token per forward (one step);
     a larger block takes `steps`, at most one per token of the block."""
@@ -61,10 +70,21 @@ class WamDiffSettings:
     decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
     frame_size: Optional[tuple[int, int]] = None  # (W, H) px of the camera frames its planning data was rendered at
     route_target: bool = False  # planning prompts state the route target point when the caller has one
+    # with route_target: the route types whose planning data stated one (None: every route that had one); the
+    # embedded world states targets on these alone for it
+    route_target_scenarios: Optional[tuple[str, ...]] = None
 
     def __post_init__(self):
         if self.frame_size is not None:
             object.__setattr__(self, "frame_size", check_frame_size(self.frame_size))
+        if self.route_target_scenarios is not None:
+            object.__setattr__(self, "route_target_scenarios", check_route_target_scenarios(self.route_target_scenarios))
+
+    @property
+    def prompt_route_targets(self) -> bool | tuple[str, ...]:
+        """Which planning prompts of a dataset keep their route target sentence for this checkpoint: all (True),
+        none (False), or those of its route_target_scenarios."""
+        return (self.route_target_scenarios or True) if self.route_target else False
 
     def for_block_size(self, block_size: int) -> "WamDiffSettings":
         """These settings for weights trained at `block_size`: the decoding defaults follow it (B = 1

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..constants import FRAME_SIZE, NUM_WAYPOINTS, REPLAN_EVERY, WAYPOINT_DT_S
+from ..constants import FRAME_SIZE, JUNCTION_SCENARIOS, NUM_WAYPOINTS, REPLAN_EVERY, WAYPOINT_DT_S
 from ..eval import bench2drive
 from ..model.settings import SCHEDULES, steps_for_block
 from ..control import ControllerConfig
@@ -60,6 +60,12 @@ def latency_ticks(seconds: float, dt: float) -> int:
     return max(0, math.ceil(seconds / dt - 1e-9))
 
 
+def route_target_scenarios(policy) -> tuple[str, ...]:
+    """The route types on which the world states a route target point for `policy`: its checkpoint's
+    route_target_scenarios when it learned targets on some only (a policy attribute), else every junction type."""
+    return tuple(getattr(policy, "route_target_scenarios", None) or JUNCTION_SCENARIOS)
+
+
 def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bool = False,
               frame_size=FRAME_SIZE, replan_every: int = 1, controller_config=None, realtime: bool = False,
               stale_after_s: Optional[float] = None) -> dict:
@@ -78,7 +84,7 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
     drives_itself = bool(getattr(policy, "drives_itself", False))
     needs_images = bool(getattr(policy, "needs_images", True))
     world = HighwayWorld(route, frame_size=frame_size, driver="expert" if drives_itself else "policy",
-                         render=needs_images or video)
+                         render=needs_images or video, route_target_scenarios=route_target_scenarios(policy))
     if hasattr(policy, "bind"):
         policy.bind(world)
     config = controller_config or ControllerConfig(wheelbase_m=WHEELBASE_M)

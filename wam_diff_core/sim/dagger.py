@@ -83,6 +83,8 @@ class DaggerPolicy:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta {beta}: expected a probability in [0, 1]")
         self.inner, self.route, self.out_dir, self.beta = inner, route, Path(out_dir), float(beta)
+        if getattr(inner, "route_target_scenarios", None):  # the world states targets as for the policy it wraps
+            self.route_target_scenarios = inner.route_target_scenarios
         self.rng = np.random.default_rng(seed)
         self.world = None
         self.samples: list[dict] = []

@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from ..types import Detection, EgoState
-from ..constants import BOX_SCALE, EGO_ACCEL_LIMITS_MPS2, FRAME_SIZE, ROUTE_TARGET_AHEAD_M
+from ..constants import BOX_SCALE, EGO_ACCEL_LIMITS_MPS2, FRAME_SIZE, JUNCTION_SCENARIOS, ROUTE_TARGET_AHEAD_M
 from .routes import Route
 
 import os  # noqa: E402
@@ -68,7 +68,6 @@ ENV_IDS = {
     "highway": "highway-v0", "highway_dense": "highway-v0", "emergency_brake": "highway-v0", "cut_in": "highway-v0",
     "merge": "merge-v0", "intersection": "intersection-v0", "roundabout": "roundabout-v0",
 }
-JUNCTION_SCENARIOS = ("intersection", "roundabout")
 
 
 def hw_to_world(xy_hw) -> np.ndarray:
@@ -171,7 +170,8 @@ class HighwayWorld:
 
     def __init__(self, route: Route, frame_size: tuple[int, int] = FRAME_SIZE, scaling: float = 3.0,
                  ego_anchor: tuple[float, float] = (0.25, 0.5), sim_hz: int = 10, policy_hz: int = 10,
-                 driver: str = "policy", render: bool = True):
+                 driver: str = "policy", render: bool = True,
+                 route_target_scenarios: Sequence[str] = JUNCTION_SCENARIOS):
         if sim_hz % policy_hz:
             raise ValueError(f"sim_hz ({sim_hz}) must be a whole multiple of policy_hz ({policy_hz})")
         if driver not in ("policy", "expert"):
@@ -184,6 +184,10 @@ class HighwayWorld:
         self.dt = 1.0 / policy_hz
         self.driver = driver
         self.render_frames = render
+        unknown = sorted(set(route_target_scenarios) - set(JUNCTION_SCENARIOS))
+        if unknown:
+            raise ValueError(f"route_target_scenarios {unknown}: a route target is stated on {JUNCTION_SCENARIOS} routes only")
+        self.route_target_scenarios = tuple(route_target_scenarios)  # the route types whose ticks state one
         ax, ay = ego_anchor[0] * self.width, ego_anchor[1] * self.height
         reach = max(math.hypot(max(ax, self.width - ax), max(ay, self.height - ay)), 1.0)
         self._canvas = int(2 * math.ceil(reach) + 4)
@@ -568,8 +572,9 @@ class HighwayWorld:
 
     def _route_target(self, xy: np.ndarray, yaw: float) -> Optional[tuple[float, float]]:
         """The route target point of a junction route: the centreline ROUTE_TARGET_AHEAD_M along the route from
-        the ego's route position (the end of the route when nearer), in the ego frame; None on road routes."""
-        if not self._corridor_route:
+        the ego's route position (the end of the route when nearer), in the ego frame; None on road routes and on
+        route types outside `route_target_scenarios`."""
+        if not self._corridor_route or self.route.scenario not in self.route_target_scenarios:
             return None
         s = min(float(self._route_s[self._route_idx]) + ROUTE_TARGET_AHEAD_M, float(self._route_s[-1]))
         point_hw = [np.interp(s, self._route_s, self._route_hw[:, i]) for i in (0, 1)]
@@ -782,14 +787,17 @@ class ExpertDrive:
     `every` ticks after, until `route_over`; `last` is then the final tick. The world is closed at the end
     (or when the loop is left early)."""
 
-    def __init__(self, route: Route, frame_size=FRAME_SIZE, every: int = 1, max_s: Optional[float] = None):
+    def __init__(self, route: Route, frame_size=FRAME_SIZE, every: int = 1, max_s: Optional[float] = None,
+                 route_target_scenarios: Sequence[str] = JUNCTION_SCENARIOS):
         if every < 1:
             raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
         self.route, self.frame_size, self.every, self.max_s = route, frame_size, every, max_s
+        self.route_target_scenarios = route_target_scenarios
         self.last: Optional[Tick] = None
 
     def __iter__(self):
-        world = HighwayWorld(self.route, frame_size=self.frame_size, driver="expert", render=True)
+        world = HighwayWorld(self.route, frame_size=self.frame_size, driver="expert", render=True,
+                             route_target_scenarios=self.route_target_scenarios)
         tick = world.reset()
         try:
             while True:

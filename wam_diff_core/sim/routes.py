@@ -118,14 +118,27 @@ def parse_frame_size(text: str) -> tuple[int, int]:
     return w, h
 
 
-def checkpoint_frame_size(policy_spec: str) -> Optional[tuple[int, int]]:
-    """The camera frame size a checkpoint directory's `wam_diff.json` records (the frames its planning data was
-    rendered at); None for the built-in policies, presets and checkpoints that record none. Reads the one JSON
-    file (no model load); a malformed one raises its ValueError naming the file."""
+def _checkpoint_settings(policy_spec: str):
+    """A checkpoint directory's `wam_diff.json` settings, None without one (built-in policies, presets). Reads the
+    one JSON file (no model load); a malformed one raises its ValueError naming the file."""
     from ..model.settings import WamDiffSettings
 
     path = Path(policy_spec) / WAM_DIFF_CONFIG_NAME
-    return WamDiffSettings.load(path).frame_size if path.is_file() else None
+    return WamDiffSettings.load(path) if path.is_file() else None
+
+
+def checkpoint_frame_size(policy_spec: str) -> Optional[tuple[int, int]]:
+    """The camera frame size a checkpoint directory's `wam_diff.json` records (the frames its planning data was
+    rendered at); None for the built-in policies, presets and checkpoints that record none."""
+    settings = _checkpoint_settings(policy_spec)
+    return None if settings is None else settings.frame_size
+
+
+def checkpoint_route_target_scenarios(policy_spec: str) -> Optional[tuple[str, ...]]:
+    """The route types a checkpoint learned route targets on when it learned them on some only (`wam_diff.json`
+    route_target_scenarios); None otherwise."""
+    settings = _checkpoint_settings(policy_spec)
+    return settings.route_target_scenarios if settings is not None and settings.route_target else None
 
 
 def resolve_frame_size(text: Optional[str], policy_spec: Optional[str] = None) -> tuple[int, int]:

@@ -50,12 +50,13 @@ def lead_gap(vehicles) -> Optional[float]:
 def probe_route(route: Route, policy, *, every: int = DEFAULT_EVERY, max_s: float = DEFAULT_MAX_S,
                 frame_size=FRAME_SIZE) -> dict:
     """Probe one route; returns {"route_id", "probes": [...], "invalid": n, "wall_s"}."""
+    from .closed_loop import route_target_scenarios
     from .highway import ExpertDrive
     from .policies import expert_plan, safe_plan
 
     t0 = time.perf_counter()
     probes, invalid = [], 0
-    for world, tick in ExpertDrive(route, frame_size, every, max_s):
+    for world, tick in ExpertDrive(route, frame_size, every, max_s, route_target_scenarios(policy)):
         real = safe_plan(policy, [tick.frame], tick.ego, tick.command, tick.route_target)
         empty = safe_plan(policy, [world.render_without_traffic()], tick.ego, tick.command, tick.route_target)
         if not (real.valid and empty.valid):
