@@ -135,5 +135,5 @@ def test_the_world_states_route_targets_on_the_route_types_a_policy_learned_them
         a, b = run_route(route, everywhere), run_route(route, roundabouts)
         assert len(everywhere.targets) == a["plans"] >= 5 and all(t is not None for t in everywhere.targets)
         assert all((t is not None) == (route.scenario == "roundabout") for t in roundabouts.targets)
-    with pytest.raises(ValueError, match="route_target_scenarios \\['highway'\\]"):
+    with pytest.raises(ValueError, match="route_target_scenarios \\('highway',\\): expected a non-empty list"):
         HighwayWorld(JUNCTIONS[0], route_target_scenarios=("highway",))

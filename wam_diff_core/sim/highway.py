@@ -24,6 +24,7 @@ import numpy as np
 
 from ..types import Detection, EgoState
 from ..constants import BOX_SCALE, EGO_ACCEL_LIMITS_MPS2, FRAME_SIZE, JUNCTION_SCENARIOS, ROUTE_TARGET_AHEAD_M
+from ..model.settings import check_route_target_scenarios
 from .routes import Route
 
 import os  # noqa: E402
@@ -184,10 +185,7 @@ class HighwayWorld:
         self.dt = 1.0 / policy_hz
         self.driver = driver
         self.render_frames = render
-        unknown = sorted(set(route_target_scenarios) - set(JUNCTION_SCENARIOS))
-        if unknown:
-            raise ValueError(f"route_target_scenarios {unknown}: a route target is stated on {JUNCTION_SCENARIOS} routes only")
-        self.route_target_scenarios = tuple(route_target_scenarios)  # the route types whose ticks state one
+        self.route_target_scenarios = check_route_target_scenarios(route_target_scenarios)  # whose ticks state one
         ax, ay = ego_anchor[0] * self.width, ego_anchor[1] * self.height
         reach = max(math.hypot(max(ax, self.width - ax), max(ay, self.height - ay)), 1.0)
         self._canvas = int(2 * math.ceil(reach) + 4)
