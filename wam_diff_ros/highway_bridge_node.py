@@ -203,6 +203,8 @@ class HighwayBridgeNode(Node):
         routes = self.routes()
         if not routes:
             raise ValueError("no routes selected (check route_ids / scenarios / limit)")
+        target_scenarios = check_route_target_scenarios(  # a bad value fails before the wait for the planner
+            [s.strip() for s in str(p["route_target_scenarios"]).split(",") if s.strip()])
         out_dir = Path(p["out_dir"])
         (out_dir / "routes").mkdir(parents=True, exist_ok=True)
         log = self.get_logger()
@@ -211,8 +213,7 @@ class HighwayBridgeNode(Node):
             raise TimeoutError(f"planner did not subscribe {self._image_pub.topic_name} within "
                                f"{p['connect_timeout_s']} s")
         policy = RosPlannerPolicy(self)
-        policy.route_target_scenarios = check_route_target_scenarios(
-            [s.strip() for s in str(p["route_target_scenarios"]).split(",") if s.strip()])
+        policy.route_target_scenarios = target_scenarios
         records = []
         wall0 = time.perf_counter()
         for index, route in enumerate(routes):

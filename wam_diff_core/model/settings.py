@@ -81,10 +81,15 @@ class WamDiffSettings:
             object.__setattr__(self, "route_target_scenarios", check_route_target_scenarios(self.route_target_scenarios))
 
     @property
+    def route_targets_only_on(self) -> Optional[tuple[str, ...]]:
+        """The route types it is given route targets on when it learned them on some only; None otherwise."""
+        return self.route_target_scenarios if self.route_target else None
+
+    @property
     def prompt_route_targets(self) -> bool | tuple[str, ...]:
         """Which planning prompts of a dataset keep their route target sentence for this checkpoint: all (True),
         none (False), or those of its route_target_scenarios."""
-        return (self.route_target_scenarios or True) if self.route_target else False
+        return (self.route_targets_only_on or True) if self.route_target else False
 
     def for_block_size(self, block_size: int) -> "WamDiffSettings":
         """These settings for weights trained at `block_size`: the decoding defaults follow it (B = 1

@@ -88,10 +88,9 @@ class LearnedPolicy:
         from ..policy import DrivingPolicy  # heavy: torch + transformers
 
         self.inner = DrivingPolicy.load(path, device=device, overrides=overrides)
-        settings = self.inner.loaded.settings
-        if settings.route_target and settings.route_target_scenarios is not None:
-            # the route types it learned targets on: the world states them there alone (run_route)
-            self.route_target_scenarios = settings.route_target_scenarios
+        only = self.inner.loaded.settings.route_targets_only_on
+        if only is not None:  # the route types it learned targets on: the world states them there alone (run_route)
+            self.route_target_scenarios = only
 
     def plan(self, images, ego: EgoState, command: str, target=None) -> Plan:
         return self.inner.plan(images, ego, command, target=target)

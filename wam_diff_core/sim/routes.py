@@ -138,7 +138,7 @@ def checkpoint_route_target_scenarios(policy_spec: str) -> Optional[tuple[str, .
     """The route types a checkpoint learned route targets on when it learned them on some only (`wam_diff.json`
     route_target_scenarios); None otherwise."""
     settings = _checkpoint_settings(policy_spec)
-    return settings.route_target_scenarios if settings is not None and settings.route_target else None
+    return None if settings is None else settings.route_targets_only_on
 
 
 def resolve_frame_size(text: Optional[str], policy_spec: Optional[str] = None) -> tuple[int, int]:
