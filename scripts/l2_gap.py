@@ -131,6 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--number-order", choices=("on", "off"), default="on")
     p.add_argument("--kinematic-envelope", choices=("on", "off"), default="on",
                    help="decode plans inside the kinematic envelope (wam_diff_core/decoding/envelope.py)")
+    p.add_argument("--forward-only", choices=("on", "off"), default="off",
+                   help="the envelope also keeps plans from stepping back along the ego's heading")
     p.add_argument("--bound", type=float, default=BOUND, help="relative gap bound (0.05: within 5 %%)")
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="reuse predictions already in OUT/predictions")
@@ -156,17 +158,21 @@ def main(argv=None) -> int:
             examples = load_split(split, loaded, "planning", args.samples)
             cfg = dataclasses.replace(decoder_config(B, K, STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
                                                      args.number_order == "on", args.kinematic_envelope == "on"),
-                                      schedule=schedule)
+                                      schedule=schedule, forward_only=args.forward_only == "on")
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
-            clock = {"block_size": B, "steps": cfg.steps, "schedule": schedule, "tokens": decoded.tokens, "seconds": decoded.seconds,
+            clock = {"block_size": B, "steps": cfg.steps, "schedule": schedule, "forward_only": cfg.forward_only,
+                     "tokens": decoded.tokens, "seconds": decoded.seconds,
                      "tokens_per_s": decoded.tokens_per_s, "forwards_per_token": decoded.forwards_per_token}
             clock_path.write_text(json.dumps(clock, indent=2) + "\n")
         clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
-        found = (clock.get("block_size", B), clock.get("steps", K), clock.get("schedule", "linear"))
-        if found != (B, K, schedule):
+        forward = args.forward_only == "on"
+        found = (clock.get("block_size", B), clock.get("steps", K), clock.get("schedule", "linear"),
+                 clock.get("forward_only", False))
+        if found != (B, K, schedule, forward):
             raise SystemExit(f"{label}: {pred_path} was decoded with B = {found[0]}, K = {found[1]}, schedule "
-                             f"{found[2]}, asked for B = {B}, K = {K}, schedule {schedule}; use another label or --out")
+                             f"{found[2]}, forward only {found[3]}, asked for B = {B}, K = {K}, schedule {schedule}, "
+                             f"forward only {forward}; use another label or --out")
         errs, invalid = errors_by_id(truth, pred_path)
         rows.append({"label": label, "path": path, "block_size": B, "steps": K, "schedule": schedule,
                      "tokens_per_s": clock.get("tokens_per_s"), "invalid": len(invalid), "predictions": str(pred_path)})
@@ -179,7 +185,8 @@ def main(argv=None) -> int:
     result = {"data": str(split), "plans": len(ids), "reference": models[0][0], "bound": args.bound,
               "decoding": {"strategy": STRATEGY, "threshold": THRESHOLD,
                            "number_order": args.number_order == "on",
-                           "kinematic_envelope": args.kinematic_envelope == "on"},
+                           "kinematic_envelope": args.kinematic_envelope == "on",
+                           "forward_only": args.forward_only == "on"},
               "models": [r | s for r, s in zip(rows, stats)]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "l2_gap.json").write_text(json.dumps(result, indent=2) + "\n")

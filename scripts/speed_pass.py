@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--forward-only", choices=("on", "off"), default="off",
+                   help="the envelope (entries without :raw) also keeps plans from stepping back along the ego's heading")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.samples < 1:
@@ -48,7 +50,8 @@ def main(argv=None) -> int:
         loaded = cache.setdefault(path, load_model(path))
         B = block or loaded.settings.trained_block_size
         cfg = dataclasses.replace(decoder_config(B, steps_for_block(B, steps), STRATEGY, THRESHOLD,
-                                                 TASK_BUDGET["planning"], True, not raw), schedule=schedule)
+                                                 TASK_BUDGET["planning"], True, not raw), schedule=schedule,
+                                  forward_only=args.forward_only == "on" and not raw)
         runs.append((label, loaded, cfg))
     split = {}  # the samples, encoded once per checkpoint as it is asked them
     for _, loaded, _ in runs:
@@ -60,7 +63,8 @@ def main(argv=None) -> int:
     ref = runs[0][3].tokens_per_s
     result = {"data": args.data, "samples": len(examples), "threads": torch.get_num_threads(),
               "models": [{"label": label, "block_size": cfg.block_size, "steps": cfg.steps,
-                          "kinematic_envelope": cfg.kinematic_envelope, "schedule": cfg.schedule,
+                          "kinematic_envelope": cfg.kinematic_envelope, "forward_only": cfg.forward_only,
+                          "schedule": cfg.schedule,
                           "tokens": acc.tokens, "seconds": acc.seconds,
                           "tokens_per_s": acc.tokens_per_s, "x_reference": acc.tokens_per_s / ref,
                           "ms_per_plan": 1000 * acc.seconds / len(examples)} for label, _, cfg, acc in runs]}

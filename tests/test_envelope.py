@@ -11,7 +11,7 @@ from wam_diff_core.decoding.ar import generate_ar
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
 from wam_diff_core.decoding.constraint import TrajectoryGrammar, planning_constraint
-from wam_diff_core.decoding.envelope import accel_bounds, waypoint_bounds
+from wam_diff_core.decoding.envelope import accel_bounds, forward_bounds, waypoint_bounds
 from wam_diff_core.model.runner import ModelRunner
 from wam_diff_core.policy import DrivingPolicy, PolicyConfig
 from wam_diff_core.prompts import chat_prompt, parse_planning_ego, planning_prompt
@@ -43,14 +43,43 @@ def test_bounds_follow_the_last_two_known_waypoints_and_widen_with_the_intervals
     assert lo[0, 0, 2].item() == pytest.approx(15.0 + 6 * DT2 * X_MIN)
 
 
+def test_forward_bounds_hold_each_x_between_the_known_x_before_and_after_it_in_any_commit_order():
+    x = torch.tensor([[5.13, 0.0, 2.38, 0.0, 9.0, 0.0, 0.0, 0.0]])
+    known = torch.tensor([[True, False, True, False, True, False, False, False]])
+    floor, ceiling = forward_bounds(x, known)
+    inf = float("inf")
+    assert floor[0].tolist() == pytest.approx([0.0, 5.13, 5.13, 5.13, 5.13, 9.0, 9.0, 9.0])
+    assert ceiling[0].tolist() == pytest.approx([2.38, 2.38, 9.0, 9.0, inf, inf, inf, inf])
+    floor, ceiling = forward_bounds(x, torch.zeros_like(known))  # nothing known: from the ego on, no ceiling
+    assert floor[0].tolist() == [0.0] * 8 and ceiling[0].tolist() == [inf] * 8
+
+
+def test_forward_only_raises_the_floor_of_x_alone_and_only_when_asked():
+    values = torch.zeros(1, 2, 8)
+    known = torch.zeros(1, 2, 8, dtype=torch.bool)
+    values[0, :, 0] = torch.tensor([5.13, -0.5])  # x1 known: x2 >= 2 x1 + dt^2 (-9) = 8.01 m, above x1 already
+    known[0, :, 0] = True
+    v = torch.tensor([[10.3, 0.0]])
+    lo, hi = waypoint_bounds(values, known, v, accel_bounds())
+    lo_f, hi_f = waypoint_bounds(values, known, v, accel_bounds(), forward_only=True)
+    assert lo[0, 0, 1].item() == pytest.approx(5.13 + 5.13 + DT2 * X_MIN) == lo_f[0, 0, 1].item()
+    values[0, 0, 0] = 1.0  # x1 = 1 m: the acceleration bound lets x2 go back to -0.25 m
+    lo, hi = waypoint_bounds(values, known, v, accel_bounds())
+    lo_f, hi_f = waypoint_bounds(values, known, v, accel_bounds(), forward_only=True)
+    assert lo[0, 0, 1].item() == pytest.approx(2.0 + DT2 * X_MIN) and lo_f[0, 0, 1].item() == pytest.approx(1.0)
+    assert lo_f[0, 0, 5].item() == pytest.approx(1.0)  # every later x too
+    assert torch.equal(lo_f[0, 1], lo[0, 1]) and torch.equal(hi_f, hi)  # y untouched; no x known after x1
+
+
 @pytest.fixture(scope="module")
 def grammar(nano):
     return TrajectoryGrammar(nano.processor.tokenizer, nano.settings.eos_token_id)
 
 
-def _constraint(nano, vx: float, rows=("planning",)):
+def _constraint(nano, vx: float, rows=("planning",), forward_only: bool = False):
     egos = [EgoState(vx=vx) if t == "planning" else None for t in rows]
-    return planning_constraint(nano.processor.tokenizer, _fixed(nano).settings, list(rows), 128, 1024, "cpu", egos)
+    return planning_constraint(nano.processor.tokenizer, _fixed(nano).settings, list(rows), 128, 1024, "cpu", egos,
+                               forward_only)
 
 
 def _favouring(grammar, text: str, rows: int = 1) -> torch.Tensor:
@@ -110,6 +139,18 @@ def test_a_committed_prefix_outside_the_bound_keeps_the_nearest_digit_allowed(na
     assert allowed == ["0"]
 
 
+def test_forward_only_keeps_a_digit_mask_from_stepping_back_in_x(nano, grammar):
+    """x1 = +001.00 committed at 8 m/s (hard braking); the logits want x2 = +000.20. The plain envelope lets x2
+    fall back to 0.2 m, forward only holds it at 1 m or more."""
+    mask = nano.settings.mask_token_id
+    answer = torch.tensor([grammar.encode("+001.00,-000.10,") + [mask] * 8])
+    for forward, check in ((False, lambda v: v == pytest.approx(0.2)), (True, lambda v: v >= 1.0)):
+        c = _constraint(nano, 8.0, forward_only=forward)
+        out = c.apply(_favouring(grammar, "+000.20,"), 16, answer)
+        value = float(_spell(grammar, out[0, :7]))
+        assert check(value), (forward, value)
+
+
 def _second_differences(plan: np.ndarray, vx: float) -> np.ndarray:
     x = np.concatenate([[-vx * WAYPOINT_DT_S, 0.0], plan[:, 0]])
     y = np.concatenate([[0.0, 0.0], plan[:, 1]])
@@ -152,6 +193,43 @@ def test_the_policy_plans_inside_the_envelope_unless_told_not_to(nano, camera_im
     assert on.valid and off.valid
     assert np.abs(_second_differences(on.trajectory, vx)[:, 1]).max() <= ENVELOPE_LATERAL_MPS2 + 0.1
     assert not np.allclose(on.trajectory, off.trajectory)
+
+
+def test_numbers_one_step_commits_together_do_not_step_back_with_forward_only(nano, grammar):
+    """A whole block in one step, nothing committed, the logits wanting x1 = 5.13 and x2 = 2.38 at 9 m/s: both lie
+    inside the acceleration bound (x2 >= 2.25 m); forward only spells x2 at 5.13 m or more."""
+    mask = nano.settings.mask_token_id
+    wanted = "+005.13,-000.11,+002.38,-000.11,"
+    for forward in (False, True):
+        out = _constraint(nano, 9.0, forward_only=forward).apply(_favouring(grammar, wanted), 0,
+                                                                 torch.full((1, 32), mask))
+        text = _spell(grammar, out[0])
+        x1, x2 = float(text[0:7]), float(text[16:23])
+        assert x1 == pytest.approx(5.13)
+        assert (x2 >= x1) if forward else x2 == pytest.approx(2.38), (forward, text)
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_a_random_model_never_plans_backwards_with_forward_only(nano, camera_image, block_size):
+    fixed = _fixed(nano)
+    runner = ModelRunner(nano.model, "sdpa")
+    cfg = DecoderConfig(block_size=block_size, steps=4, max_new_tokens=128)
+    for vx in (0.0, 4.0, 20.0):
+        batch = nano.processor.encode([chat_prompt(planning_prompt(EgoState(vx=vx), "follow lane"), 1)], [[camera_image]])
+        c = planning_constraint(nano.processor.tokenizer, fixed.settings, ["planning"], 128, runner.vocab_size, "cpu",
+                                [EgoState(vx=vx)], True)
+        ids = generate(runner, batch, cfg, nano.settings.mask_token_id, nano.settings.eos_token_id, c).token_ids[0]
+        plan = parse_trajectory(nano.processor.decode(ids))
+        assert not isinstance(plan, ParseError)
+        assert np.diff(np.concatenate([[0.0], plan[:, 0]])).min() >= 0.0, (vx, plan[:, 0])
+
+
+def test_a_checkpoint_can_ask_for_forward_only_and_a_caller_can_override_it(nano):
+    settings = dataclasses.replace(nano.settings, decoding=dataclasses.replace(nano.settings.decoding, forward_only=True))
+    assert PolicyConfig.from_settings(settings).forward_only is True
+    assert PolicyConfig.from_settings(settings).decoder(["planning"]).forward_only is True
+    assert PolicyConfig.from_settings(settings, forward_only=False).forward_only is False
+    assert PolicyConfig.from_settings(nano.settings).forward_only is False
 
 
 def test_the_planning_prompt_gives_back_its_ego_state():

@@ -69,6 +69,11 @@ def test_checkpoint_settings_carry_the_schedule(tmp_path):
     (tmp_path / "wam_diff.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="decoding.schedule 'zigzag'"):
         WamDiffSettings.load(tmp_path / "wam_diff.json")
+    raw["decoding"]["schedule"] = "linear"
+    raw["decoding"]["forward_only"] = "yes"
+    (tmp_path / "wam_diff.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="decoding.forward_only 'yes': expected true or false"):
+        WamDiffSettings.load(tmp_path / "wam_diff.json")
 
 
 def test_the_policy_decodes_with_the_checkpoints_schedule_unless_told_otherwise():

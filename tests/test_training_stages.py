@@ -304,6 +304,10 @@ def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nan
     assert main(["export", str(tmp_path / "k4"), str(tmp_path / "cos"), "--dtype", "float32", "--schedule", "cosine"]) == 0
     got = load_model(tmp_path / "cos").settings
     assert (got.decoding.schedule, got.decoding.steps) == ("cosine", 4)
+    assert got.decoding.forward_only is False
+    assert main(["export", str(tmp_path / "cos"), str(tmp_path / "fw"), "--dtype", "float32", "--forward-only", "on"]) == 0
+    got = load_model(tmp_path / "fw").settings
+    assert (got.decoding.forward_only, got.decoding.schedule, got.decoding.steps) == (True, "cosine", 4)
     from training.export import export
 
     ar = tmp_path / "ar"

@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="whether the exported checkpoint's policies state route target points (default: as trained)")
     ex.add_argument("--schedule", choices=SCHEDULES, default=None,
                     help="set the default commit schedule per denoising step (default: kept)")
+    ex.add_argument("--forward-only", choices=("on", "off"), default=None,
+                    help="set whether the kinematic envelope keeps plans from stepping back (default: kept)")
     speed = sub.add_parser("speed", help="seconds per optimizer step at several block sizes (table + JSON)")
     speed.add_argument("--init", default="nano", help="checkpoint directory or preset")
     speed.add_argument("--data", action="append", required=True, help="dataset file (repeatable)")
@@ -167,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         from .export import export
 
         route_target = None if args.route_target is None else args.route_target == "on"
-        print(f"exported: {export(args.src, args.dst, args.dtype, args.steps, route_target, args.schedule)}")
+        forward = None if args.forward_only is None else args.forward_only == "on"
+        print(f"exported: {export(args.src, args.dst, args.dtype, args.steps, route_target, args.schedule, forward)}")
         return 0
     if args.stage == "average":
         from .average import average, parse_weights

@@ -69,7 +69,7 @@ def evaluate(model, processor, settings, examples: Sequence[Example], block_size
         t0 = time.perf_counter()
         grammar = planning_constraint(processor.tokenizer, settings, [x.task for x in chunk],
                                       cfg.answer_positions, runner.vocab_size, device,
-                                      [x.ego for x in chunk] if cfg.kinematic_envelope else None)
+                                      [x.ego for x in chunk] if cfg.kinematic_envelope else None, cfg.forward_only)
         res = generate(runner, batch, cfg, settings.mask_token_id, eos, grammar)
         seconds += time.perf_counter() - t0
         produced += res.tokens

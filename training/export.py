@@ -2,7 +2,8 @@
 shipping (half the bytes of float32), processor and `wam_diff.json` unchanged. Loading upcasts to the
 dtype asked for (float32 on CPU by default), so the shipped weights are the evaluated ones.
 `--steps K` also sets the checkpoint's default denoising steps per block (the operating point it was
-evaluated at); `--schedule cosine` its commit schedule (`remasking.masked_after`); `--route-target off` makes its policies plan without route target points (a checkpoint
+evaluated at); `--schedule cosine` its commit schedule (`remasking.masked_after`); `--forward-only on` its
+kinematic envelope's forward-only bound (`envelope.forward_bounds`); `--route-target off` makes its policies plan without route target points (a checkpoint
 trained with them, shipped to a stack that has no route, or asked as it was before); everything else
 in `wam_diff.json` is kept."""
 from __future__ import annotations
@@ -20,7 +21,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Optional[int] = None,
-           route_target: Optional[bool] = None, schedule: Optional[str] = None) -> Path:
+           route_target: Optional[bool] = None, schedule: Optional[str] = None,
+           forward_only: Optional[bool] = None) -> Path:
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     if steps is not None and steps < 1:
@@ -36,6 +38,9 @@ def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Opt
     if schedule is not None:
         s = loaded.settings
         loaded.settings = replace(s, decoding=replace(s.decoding, schedule=schedule))
+    if forward_only is not None:
+        s = loaded.settings
+        loaded.settings = replace(s, decoding=replace(s.decoding, forward_only=bool(forward_only)))
     if route_target is not None:
         loaded.settings = replace(loaded.settings, route_target=bool(route_target))
     loaded.model.to(DTYPES[dtype])

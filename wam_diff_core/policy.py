@@ -48,13 +48,14 @@ class PolicyConfig:
     number_order: bool = True  # trajectory digits most significant first (DecoderConfig.number_order)
     kinematic_envelope: bool = True  # plans inside the kinematic envelope (DecoderConfig.kinematic_envelope)
     schedule: str = "linear"  # commits per denoising step (DecoderConfig.schedule)
+    forward_only: bool = False  # the envelope's forward-only bound (DecoderConfig.forward_only)
 
     @classmethod
     def from_settings(cls, settings, **overrides) -> "PolicyConfig":
         """The checkpoint's own decoding defaults (its `wam_diff.json`), then `overrides`."""
         d = settings.decoding
         fields = dict(block_size=d.block_size, steps=d.steps, strategy=d.strategy, threshold=d.threshold,
-                      number_order=d.number_order, schedule=d.schedule)
+                      number_order=d.number_order, schedule=d.schedule, forward_only=d.forward_only)
         return cls(**{**fields, **overrides})
 
     def __post_init__(self):
@@ -70,7 +71,8 @@ class PolicyConfig:
         return DecoderConfig(block_size=self.block_size, steps=self.steps, strategy=self.strategy,
                              threshold=self.threshold, max_new_tokens=budget, temperature=self.temperature,
                              backend=self.backend, cuda_graphs=self.cuda_graphs, number_order=self.number_order,
-                             kinematic_envelope=self.kinematic_envelope, schedule=self.schedule)
+                             kinematic_envelope=self.kinematic_envelope, schedule=self.schedule,
+                             forward_only=self.forward_only)
 
 
 def _check_images(images) -> list[np.ndarray]:
@@ -127,7 +129,7 @@ class DrivingPolicy:
         settings = self.loaded.settings
         egos = [ego if t == "planning" else None for t in tasks] if cfg.kinematic_envelope and ego is not None else None
         grammar = planning_constraint(self.processor.tokenizer, settings, tasks, cfg.answer_positions,
-                                      self.runner.vocab_size, self.device, egos)
+                                      self.runner.vocab_size, self.device, egos, cfg.forward_only)
         result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
         texts = [self.processor.decode(ids) for ids in result.token_ids]
         return result, texts

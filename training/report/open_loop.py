@@ -72,7 +72,8 @@ def decode_examples(loaded: LoadedModel, examples: Sequence[Example], cfg: Decod
         batch = prompt_batch([x], pad_id).to(runner.device)
         t0 = time.perf_counter()
         grammar = planning_constraint(processor.tokenizer, settings, [x.task], cfg.answer_positions,
-                                      runner.vocab_size, runner.device, [x.ego] if cfg.kinematic_envelope else None)
+                                      runner.vocab_size, runner.device, [x.ego] if cfg.kinematic_envelope else None,
+                                      cfg.forward_only)
         res = generate(runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
         seconds += time.perf_counter() - t0
         tokens += res.tokens

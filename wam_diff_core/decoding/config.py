@@ -14,7 +14,8 @@ class DecoderConfig:
     into the cache inside the next block's first step instead of a forward of its own; ignore_eos:
     always spend the whole budget (benchmarks on random weights); number_order: under a constraint that
     knows its chains (the trajectory grammar), commit each number's characters most significant first;
-    schedule: how many positions each step commits (`SCHEDULES`, `remasking.masked_after`)."""
+    schedule: how many positions each step commits (`SCHEDULES`, `remasking.masked_after`); forward_only: the
+    kinematic envelope also keeps plans from stepping back along the ego's heading (`envelope.forward_bounds`)."""
 
     block_size: int = 32
     steps: int = 4
@@ -30,6 +31,7 @@ class DecoderConfig:
     number_order: bool = True
     kinematic_envelope: bool = True
     schedule: str = "linear"
+    forward_only: bool = False
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:

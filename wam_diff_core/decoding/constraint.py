@@ -120,7 +120,7 @@ def _envelope_tables(tokenizer, eos_id: int, vocab_size: int, device: str) -> tu
 
 
 def _envelope(tokenizer, settings, rows: torch.Tensor, egos: Sequence[Optional[EgoState]], vocab_size: int,
-              device) -> KinematicEnvelope:
+              device, forward_only: bool) -> KinematicEnvelope:
     if len(egos) != rows.shape[0]:
         raise ValueError(f"egos: {len(egos)} entries for a batch of {rows.shape[0]} rows")
     for i, ego in enumerate(egos):
@@ -130,7 +130,7 @@ def _envelope(tokenizer, settings, rows: torch.Tensor, egos: Sequence[Optional[E
                             device=device)
     has_ego = torch.tensor([e is not None for e in egos], dtype=torch.bool, device=device)
     codes, digit_ids, sign_ids = _envelope_tables(tokenizer, int(settings.eos_token_id), vocab_size, str(device))
-    return KinematicEnvelope(velocity, rows & has_ego, codes, digit_ids, sign_ids)
+    return KinematicEnvelope(velocity, rows & has_ego, codes, digit_ids, sign_ids, bool(forward_only))
 
 
 @lru_cache(maxsize=8)
@@ -139,13 +139,15 @@ def _chain_table(length: int, device: str) -> torch.Tensor:
 
 
 def planning_constraint(tokenizer, settings, tasks: Sequence[str], length: int, vocab_size: int,
-                        device, egos: Optional[Sequence[Optional[EgoState]]] = None) -> Optional[TokenConstraint]:
+                        device, egos: Optional[Sequence[Optional[EgoState]]] = None,
+                        forward_only: bool = False) -> Optional[TokenConstraint]:
     """The trajectory grammar for the planning rows of a batch whose row i answers `tasks[i]`, when the
     checkpoint's `settings.trajectory_format` is "fixed"; None otherwise (nothing to constrain). With `egos`
-    (row i's ego state, or None) also the kinematic envelope of the planning rows that have one."""
+    (row i's ego state, or None) also the kinematic envelope of the planning rows that have one (forward_only:
+    with its forward-only bound, `envelope.KinematicEnvelope.forward_only`)."""
     if settings.trajectory_format != "fixed" or "planning" not in tasks:
         return None
     allowed = _grammar_table(tokenizer, int(settings.eos_token_id), length, vocab_size, str(device))
     rows = torch.tensor([t == "planning" for t in tasks], dtype=torch.bool, device=device)
-    envelope = None if egos is None else _envelope(tokenizer, settings, rows, egos, vocab_size, device)
+    envelope = None if egos is None else _envelope(tokenizer, settings, rows, egos, vocab_size, device, forward_only)
     return TokenConstraint(allowed, rows, _chain_table(length, str(device)), envelope)

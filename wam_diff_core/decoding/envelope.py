@@ -16,6 +16,12 @@ Digits are masked most significant first: a digit is allowed when some completio
 lies in the bound (the prefix: committed characters, else this step's best allowed prediction of the characters
 before it), so whatever prefix of a number a step commits spells a value inside its bound. When no digit can
 (a committed prefix that a tighter bound excludes), the digits nearest the bound stay allowed: there is always one.
+
+Forward only (`KinematicEnvelope.forward_only`): the ego does not reverse, so a plan never moves backward along the
+ego's heading: each x lies at or above every committed x before it (and the ego's 0) and at or below every committed
+x after it, in whatever order the block committed them. The expert's plans keep to it (v30: none of the 8,664 plans
+of data_plan and data_junction's train splits steps back in x); a block decoded in parallel can mix a plan that
+drives on with one that stops, x going 5.13 then 2.38 then 0.17.
 Temperature sampling may draw a prefix character other than the best one the later masks assumed.
 All on the device, without host synchronisation; per step a fixed loop over the number's character slots.
 """
@@ -56,6 +62,8 @@ def _slot_layout() -> tuple[list[int], torch.Tensor, int]:
 
 
 _WEIGHTS, _LEGAL, _LARGEST = _slot_layout()
+# the slots a mask pass spells: the sign and the digits (the point has one spelling)
+_SPELLED = [q for q in range(FIXED_NUMBER_WIDTH) if q == 0 or _WEIGHTS[q] > 0]
 
 
 @lru_cache(maxsize=64)
@@ -63,14 +71,19 @@ def _window(start: int, n: int, device: str) -> tuple[tuple[int, torch.Tensor, t
     """Per character slot q with a digit or sign in answer positions start .. start + n - 1: (q, the numbers
     holding it there, their positions relative to start). The layout is static, so this is host arithmetic."""
     out = []
-    for q in range(FIXED_NUMBER_WIDTH):
-        if q > 0 and _WEIGHTS[q] == 0:
-            continue  # the point has one spelling
+    for q in _SPELLED:
         pos = list(range(start + (q - start) % _STRIDE, min(start + n, FIXED_TRAJECTORY_CHARS), _STRIDE))
         if pos:
             out.append((q, torch.tensor([p // _STRIDE for p in pos], device=device),
                         torch.tensor([p - start for p in pos], device=device)))
     return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _x_numbers(start: int, n: int) -> int:
+    """How many x numbers (even numbers) have a character in answer positions start .. start + n - 1."""
+    end = min(start + n, FIXED_TRAJECTORY_CHARS)
+    return len({p // _STRIDE for p in range(start, end) if p // _STRIDE % 2 == 0 and p % _STRIDE < FIXED_NUMBER_WIDTH})
 
 
 @lru_cache(maxsize=8)
@@ -100,13 +113,14 @@ def token_tables(char_ids: dict[str, int], vocab_size: int, device=None) -> tupl
     return table.to(device), digit_ids, sign_ids
 
 
-def waypoint_bounds(values: torch.Tensor, known: torch.Tensor, velocity: torch.Tensor, accel: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def waypoint_bounds(values: torch.Tensor, known: torch.Tensor, velocity: torch.Tensor, accel: torch.Tensor,
+                    forward_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Bounds (metres) of every waypoint from the known prefix of each axis.
 
     values, known: (batch, 2, NUM_WAYPOINTS) waypoint coordinates per axis (x, y) and whether each is known;
-    velocity: (batch, 2) ego velocity (m/s); accel: (2, 2) from `accel_bounds`. -> (lo, hi), each
-    (batch, 2, NUM_WAYPOINTS); only the waypoints after the known prefix are meaningful."""
+    velocity: (batch, 2) ego velocity (m/s); accel: (2, 2) from `accel_bounds`; forward_only: also keep each x
+    between the known x before it (the ego's 0 included) and the known x after it (`forward_bounds`). -> (lo, hi),
+    each (batch, 2, NUM_WAYPOINTS); only the waypoints after the known prefix are meaningful."""
     dt = WAYPOINT_DT_S
     prefix = known.long().cumprod(dim=-1).sum(dim=-1, keepdim=True)  # (batch, 2, 1) waypoints known in order
     series = torch.cat([-velocity[..., None] * dt, torch.zeros_like(velocity[..., None]), values], dim=-1)
@@ -116,7 +130,24 @@ def waypoint_bounds(values: torch.Tensor, known: torch.Tensor, velocity: torch.T
     m = (k - prefix).clamp(min=1).to(values.dtype)
     reach = last + m * (last - before)
     spread = m * (m + 1) / 2 * dt * dt
-    return reach + spread * accel[:, 0, None], reach + spread * accel[:, 1, None]
+    lo, hi = reach + spread * accel[:, 0, None], reach + spread * accel[:, 1, None]
+    if forward_only:
+        floor, ceiling = forward_bounds(values[:, 0], known[:, 0])
+        lo = torch.cat([torch.maximum(lo[:, :1], floor[:, None]), lo[:, 1:]], dim=1)
+        hi = torch.cat([torch.minimum(hi[:, :1], ceiling[:, None]), hi[:, 1:]], dim=1)
+    return lo, hi
+
+
+def forward_bounds(x: torch.Tensor, known: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, known: (batch, NUM_WAYPOINTS) forward coordinates and whether each is committed -> (floor, ceiling),
+    each (batch, NUM_WAYPOINTS): the largest known x before each waypoint (0, the ego, when none) and the smallest
+    known x after it (+inf when none)."""
+    inf = torch.full_like(x[:, :1], float("inf"))
+    before = torch.where(known, x, -inf).cummax(dim=-1).values
+    floor = torch.cat([torch.zeros_like(inf), before[:, :-1]], dim=-1).clamp(min=0.0)
+    after = torch.where(known, x, inf).flip(-1).cummin(dim=-1).values.flip(-1)
+    ceiling = torch.cat([after[:, 1:], inf], dim=-1)
+    return floor, ceiling
 
 
 @dataclass(frozen=True)
@@ -129,35 +160,60 @@ class KinematicEnvelope:
     codes: torch.Tensor
     digit_ids: torch.Tensor
     sign_ids: torch.Tensor
+    forward_only: bool = False  # no plan steps back along the ego's heading (module docstring)
 
     def apply(self, logits: torch.Tensor, start: int, answer: torch.Tensor) -> torch.Tensor:
         """logits (batch, n, vocab) predicting answer positions start .. start + n - 1; answer (batch, >= start)
         the answer's tokens so far (uncommitted positions: any token that is not a trajectory character, e.g.
-        the mask) -> the logits with the digits and signs outside the envelope at -inf in the active rows."""
-        n = logits.shape[1]
+        the mask) -> the logits with the digits and signs outside the envelope at -inf in the active rows.
+
+        Forward only: a first pass spells each number of the window as this step would (its best allowed
+        characters); the x numbers' floors then rise to the largest x spelled or committed before them, and the
+        second pass masks with those floors, so numbers a step commits together do not step back either."""
         if start >= FIXED_TRAJECTORY_CHARS:
             return logits
-        device = logits.device
-        b = logits.shape[0]
-        length = _NUMBERS * _STRIDE
+        codes = self._codes(answer)
+        lo, hi = self._bounds(codes)
+        out, spelled = self._mask(logits, start, codes, lo, hi)
+        if not self.forward_only or _x_numbers(start, logits.shape[1]) < 2:
+            return out  # one x in the window at most: the committed ones' floors (in lo) are all there is
+        spelled_all = (spelled[:, :, _SPELLED] >= 0).all(dim=-1)  # the point is never masked, so never spelled
+        floor, _ = forward_bounds(_values(spelled)[:, 0::2], spelled_all[:, 0::2])
+        lo = lo.clone()
+        lo[:, 0::2] = torch.maximum(lo[:, 0::2], floor)
+        return self._mask(logits, start, codes, lo, hi)[0]
+
+    def _codes(self, answer: torch.Tensor) -> torch.Tensor:
+        """(batch, numbers, slots) character codes of the committed answer (-1: not committed)."""
+        b, length = answer.shape[0], _NUMBERS * _STRIDE
         tokens = answer[:, :length]
         if tokens.shape[1] < length:
             tokens = torch.cat([tokens, torch.full((b, length - tokens.shape[1]), -1, dtype=tokens.dtype,
-                                                   device=device)], dim=1)
+                                                   device=tokens.device)], dim=1)
         codes = torch.where(tokens >= 0, self.codes[tokens.clamp(min=0)], -1).view(b, _NUMBERS, _STRIDE)
-        codes = codes[:, :, :FIXED_NUMBER_WIDTH].clone()  # (batch, numbers, slots), filled as slots are masked
-        weights, legal, accel, ten, slots, sign_lo, sign_hi = _tables(str(device))
-        digits = codes.clamp(min=0, max=9) * (weights > 0)
-        magnitude = (digits * weights).sum(-1)
-        sign = torch.where(codes[:, :, 0] == _MINUS, -1, 1)
-        known = (codes >= 0).all(dim=-1)
-        values = (sign * magnitude).float() / _SCALE
-        by_axis = values.view(b, NUM_WAYPOINTS, 2).transpose(1, 2)
-        known_axis = known.view(b, NUM_WAYPOINTS, 2).transpose(1, 2)
-        lo, hi = waypoint_bounds(by_axis, known_axis, self.velocity.float(), accel)
-        lo = torch.floor(lo.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)  # (batch, numbers) hundredths
-        hi = torch.ceil(hi.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)
+        return codes[:, :, :FIXED_NUMBER_WIDTH]
 
+    def _bounds(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lo, hi), each (batch, numbers), in integer hundredths, from the committed numbers."""
+        b = codes.shape[0]
+        known = (codes >= 0).all(dim=-1)
+        by_axis = (_values(codes) / _SCALE).view(b, NUM_WAYPOINTS, 2).transpose(1, 2)
+        known_axis = known.view(b, NUM_WAYPOINTS, 2).transpose(1, 2)
+        accel = _tables(str(codes.device))[2]
+        lo, hi = waypoint_bounds(by_axis, known_axis, self.velocity.float(), accel, self.forward_only)
+        lo = torch.floor(lo.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)
+        hi = torch.ceil(hi.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)
+        return lo, hi
+
+    def _mask(self, logits: torch.Tensor, start: int, codes: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mask the window's digits and signs to [lo, hi] slot by slot, most significant first -> (the masked
+        logits, the codes with every uncommitted slot of the window spelled by its best allowed character)."""
+        n, b, device = logits.shape[1], logits.shape[0], logits.device
+        weights, legal, _, ten, slots, sign_lo, sign_hi = _tables(str(device))
+        codes = codes.clone()
+        digits = codes.clamp(min=0, max=9) * (weights > 0)
+        sign = torch.where(codes[:, :, 0] == _MINUS, -1, 1)
         out = logits.clone()
         for q, nums, rel in _window(start, n, str(device)):
             lo_q, hi_q = lo[:, nums, None], hi[:, nums, None]  # (batch, k, 1)
@@ -190,4 +246,11 @@ class KinematicEnvelope:
                 sign[:, nums] = torch.where(codes[:, nums, 0] == _MINUS, -1, 1)
             else:
                 digits[:, nums, q] = codes[:, nums, q].clamp(min=0, max=9)
-        return out
+        return out, codes
+
+
+def _values(codes: torch.Tensor) -> torch.Tensor:
+    """(batch, numbers) the value each number's codes spell, in hundredths (uncommitted digits count as 0)."""
+    weights = _tables(str(codes.device))[0]
+    magnitude = (codes.clamp(min=0, max=9) * (weights > 0) * weights).sum(-1)
+    return (torch.where(codes[:, :, 0] == _MINUS, -1, 1) * magnitude).float()

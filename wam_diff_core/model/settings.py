@@ -22,6 +22,7 @@ class DecodingDefaults:
     threshold: float = 0.9
     number_order: bool = True  # fixed-style trajectory digits most significant first
     schedule: str = "linear"  # commits per step (SCHEDULES)
+    forward_only: bool = False  # the kinematic envelope's forward-only bound (DecoderConfig.forward_only)
 
 
 def check_frame_size(value: Sequence[int]) -> tuple[int, int]:
@@ -117,6 +118,8 @@ class WamDiffSettings:
             raise ValueError(f"{path}: decoding.strategy {settings.decoding.strategy!r} not in {STRATEGIES}")
         if settings.decoding.schedule not in SCHEDULES:
             raise ValueError(f"{path}: decoding.schedule {settings.decoding.schedule!r} not in {SCHEDULES}")
+        if not isinstance(settings.decoding.forward_only, bool):
+            raise ValueError(f"{path}: decoding.forward_only {settings.decoding.forward_only!r}: expected true or false")
         if settings.trajectory_format not in TRAJECTORY_FORMATS:
             raise ValueError(f"{path}: trajectory_format {settings.trajectory_format!r} not in {TRAJECTORY_FORMATS}")
         if settings.trained_block_size < 1:

@@ -341,11 +341,14 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 
 # ---------------------------------------------------------------- CLI
 def policy_overrides(block_size: Optional[int], steps: Optional[int], number_order: Optional[bool] = None,
-                     kinematic_envelope: Optional[bool] = None, schedule: Optional[str] = None) -> Optional[dict]:
+                     kinematic_envelope: Optional[bool] = None, schedule: Optional[str] = None,
+                     forward_only: Optional[bool] = None) -> Optional[dict]:
     """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
     out = {} if number_order is None else {"number_order": bool(number_order)}
     if kinematic_envelope is not None:
         out["kinematic_envelope"] = bool(kinematic_envelope)
+    if forward_only is not None:
+        out["forward_only"] = bool(forward_only)
     if schedule is not None:
         out["schedule"] = schedule
     if block_size is not None:
@@ -358,7 +361,8 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int], number_ord
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --block-size, --steps, --number-order, --kinematic-envelope, --schedule: how every suite command runs a
+    """--device, --block-size, --steps, --number-order, --kinematic-envelope, --forward-only, --schedule: how every
+    suite command runs a
     learned policy (see
     `policy_overrides`, `cli_overrides`)."""
     parser.add_argument("--device", default="cpu")
@@ -372,6 +376,9 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinematic-envelope", choices=("on", "off"), default=None,
                         help="learned policy: decode plans inside the kinematic envelope (default: on; "
                              "wam_diff_core/decoding/envelope.py)")
+    parser.add_argument("--forward-only", choices=("on", "off"), default=None,
+                        help="learned policy: the envelope also keeps plans from stepping back along the ego's "
+                             "heading (default: the checkpoint's own, off when it does not say)")
     parser.add_argument("--schedule", choices=SCHEDULES, default=None,
                         help="learned policy: how many positions each denoising step commits (default: the "
                              "checkpoint's own, linear when it does not say; wam_diff_core/decoding/remasking.py)")
@@ -381,7 +388,8 @@ def cli_overrides(args) -> Optional[dict]:
     """`policy_overrides` of the options `add_decoding_arguments` added."""
     order = None if args.number_order is None else args.number_order == "on"
     envelope = None if args.kinematic_envelope is None else args.kinematic_envelope == "on"
-    return policy_overrides(args.block_size, args.steps, order, envelope, args.schedule)
+    forward = None if args.forward_only is None else args.forward_only == "on"
+    return policy_overrides(args.block_size, args.steps, order, envelope, args.schedule, forward)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
