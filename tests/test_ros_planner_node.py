@@ -533,6 +533,13 @@ def test_an_unknown_commit_schedule_fails_configure_naming_it(ros):
     assert node.policy is None
 
 
+def test_a_bad_forward_only_fails_configure_naming_it(ros):
+    node = ros.planner(None, autostart=False, forward_only="yes")
+    with pytest.raises(ValueError, match="forward_only must be 'on', 'off' or ''.*'yes'"):
+        node._read_parameters()
+    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+
+
 @pytest.mark.parametrize("model", ["fake", "nano"])
 def test_sigint_shuts_the_node_down_within_2_s_even_while_planning(ros, model):
     """The node runs as its own process (the console-script entry point); SIGINT arrives while the
@@ -601,6 +608,13 @@ def test_block_size_and_steps_default_to_the_checkpoints_own(nano, tmp_path):
     assert load_policy(dataclasses.replace(base, kinematic_envelope=False)).config.kinematic_envelope is False
     assert cfg.schedule == "linear"  # the checkpoint's own unless the parameter names one
     assert load_policy(dataclasses.replace(base, commit_schedule="cosine")).config.schedule == "cosine"
+    assert cfg.forward_only is False  # the checkpoint's own (b16 does not ask for it) unless the parameter says
+    assert load_policy(dataclasses.replace(base, forward_only="on")).config.forward_only is True
+    fw = dataclasses.replace(b16, settings=dataclasses.replace(
+        b16.settings, decoding=dataclasses.replace(b16.settings.decoding, forward_only=True)))
+    save_model(fw, tmp_path / "fw")
+    assert load_policy(dataclasses.replace(base, model=str(tmp_path / "fw"))).config.forward_only is True
+    assert load_policy(dataclasses.replace(base, model=str(tmp_path / "fw"), forward_only="off")).config.forward_only is False
 
 
 def test_nano_model_end_to_end_image_in_trajectory_and_answer_out(ros):

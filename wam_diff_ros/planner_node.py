@@ -72,6 +72,8 @@ PARAMETERS = {
     "max_new_tokens": (0, "token budget per answer; 0 = the model's default"),
     "kinematic_envelope": (True, "decode plans inside the kinematic envelope (wam_diff_core/decoding/envelope.py; "
                                  "eager decoding only, not the CUDA-graph path)"),
+    "forward_only": ("", "the envelope also keeps plans from stepping back along the ego's heading: on, off, or '' "
+                         "(the checkpoint's own)"),
     "tasks": (["planning"], f"tasks run on every frame set, subset of {list(PLAN_TASKS)}"),
     "camera_topics": (["/camera/image_raw"], "camera topics in prompt order; '/compressed' suffix = CompressedImage"),
     "image_reliability": ("best_effort", "camera QoS reliability: best_effort or reliable (depth is always 1)"),
@@ -109,6 +111,7 @@ class PolicySettings:
     tasks: tuple[str, ...]
     kinematic_envelope: bool = True
     commit_schedule: str = ""  # "" = the checkpoint's own
+    forward_only: str = ""  # "on", "off"; "" = the checkpoint's own
 
 
 def load_policy(settings: PolicySettings):
@@ -131,6 +134,8 @@ def load_policy(settings: PolicySettings):
         kwargs["max_new_tokens"] = settings.max_new_tokens
     if settings.commit_schedule:
         kwargs["schedule"] = settings.commit_schedule
+    if settings.forward_only:
+        kwargs["forward_only"] = settings.forward_only == "on"
     return DrivingPolicy.load(settings.model, device=settings.device, overrides=kwargs)  # B, K unset: the checkpoint's
 
 
@@ -317,6 +322,8 @@ class PlannerNode(LifecycleNode):
         if str(p["commit_schedule"]) not in ("",) + SCHEDULES:
             raise ValueError(f"commit_schedule must be one of {list(SCHEDULES)} or '' (the checkpoint's own), "
                              f"got {p['commit_schedule']!r}")
+        if str(p["forward_only"]) not in ("", "on", "off"):
+            raise ValueError(f"forward_only must be 'on', 'off' or '' (the checkpoint's own), got {p['forward_only']!r}")
         if not str(p["route_target_topic"]):
             raise ValueError("route_target_topic must be a topic name, got ''")
         p["policy"] = PolicySettings(
@@ -325,7 +332,7 @@ class PlannerNode(LifecycleNode):
             denoising_steps=int(p["denoising_steps"]), remasking_strategy=str(p["remasking_strategy"]),
             remasking_threshold=float(p["remasking_threshold"]), max_new_tokens=int(p["max_new_tokens"]),
             tasks=p["tasks"], kinematic_envelope=bool(p["kinematic_envelope"]),
-            commit_schedule=str(p["commit_schedule"]))
+            commit_schedule=str(p["commit_schedule"]), forward_only=str(p["forward_only"]))
         return p
 
     # ------------------------------------------------------------------ inputs (executor threads)
