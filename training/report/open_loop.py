@@ -6,6 +6,7 @@ every number in the report can be recomputed from files.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -110,7 +111,8 @@ def evaluate_task(loaded: LoadedModel, split: str, task: str, limit: int, block_
                   number_order: bool = True) -> dict:
     """Decode + score one task of one split; writes OUT/predictions/<tag>_<task>.jsonl."""
     examples = examples if examples is not None else load_split(split, loaded, task, limit)
-    cfg = decoder_config(block_size, steps, strategy, threshold, max_new_tokens or TASK_BUDGET[task], number_order)
+    cfg = dataclasses.replace(decoder_config(block_size, steps, strategy, threshold, max_new_tokens or TASK_BUDGET[task],
+                                             number_order), forward_only=loaded.settings.decoding.forward_only)
     decoded = decode_examples(loaded, examples, cfg, desc=f"{tag} {task}", progress=progress)
     pred_path = out_dir / "predictions" / f"{tag}_{task}.jsonl"
     write_predictions(pred_path, decoded)
