@@ -4,8 +4,8 @@ on all of them alike), as the report's speed pass does, with the kinematic envel
     .venv/bin/python scripts/speed_pass.py --data runs/occ/data_plan/val.json --samples 64 --out runs/v19/speed \\
         "AR=models/nano-s-ar" "AR raw=models/nano-s-ar:raw" "(zh)=models/nano-s-b32" "(zh) raw=models/nano-s-b32:raw"
 
-Each entry is LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw] (`:raw`: without the envelope; SCHEDULE as in
-`scripts/l2_gap.py`); the first is the reference
+Each entry is LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw | :forward] (`:raw`: without the envelope;
+`:forward`: with its forward-only bound; SCHEDULE as in `scripts/l2_gap.py`); the first is the reference
 of the x columns. Writes OUT/speed.json and prints a markdown table.
 """
 from __future__ import annotations
@@ -26,16 +26,16 @@ from wam_diff_core.model.settings import steps_for_block  # noqa: E402
 from wam_diff_core.policy import TASK_BUDGET  # noqa: E402
 
 RAW = ":raw"
+FORWARD = ":forward"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw], the first the reference")
+    p.add_argument("models", nargs="+",
+                   help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw | :forward], the first the reference")
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--forward-only", choices=("on", "off"), default="off",
-                   help="the envelope (entries without :raw) also keeps plans from stepping back along the ego's heading")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.samples < 1:
@@ -44,14 +44,14 @@ def main(argv=None) -> int:
 
     runs, cache = [], {}
     for spec in args.models:
-        raw = spec.endswith(RAW)
-        spec, schedule = split_schedule(spec[: -len(RAW)] if raw else spec)
+        raw, forward = spec.endswith(RAW), spec.endswith(FORWARD)
+        spec, schedule = split_schedule(spec[: -len(RAW)] if raw else spec[: -len(FORWARD)] if forward else spec)
         label, path, block, steps = parse_model(spec, args.steps)
         loaded = cache.setdefault(path, load_model(path))
         B = block or loaded.settings.trained_block_size
         cfg = dataclasses.replace(decoder_config(B, steps_for_block(B, steps), STRATEGY, THRESHOLD,
                                                  TASK_BUDGET["planning"], True, not raw), schedule=schedule,
-                                  forward_only=args.forward_only == "on" and not raw)
+                                  forward_only=forward)
         runs.append((label, loaded, cfg))
     split = {}  # the samples, encoded once per checkpoint as it is asked them
     for _, loaded, _ in runs:
@@ -75,10 +75,15 @@ def main(argv=None) -> int:
     print("| decoding | B | K | envelope | tokens/s | x first | ms per plan |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for m in result["models"]:
-        print(f"| {m['label']} | {m['block_size']} | {m['steps']} | {'on' if m['kinematic_envelope'] else 'off'} | "
+        print(f"| {m['label']} | {m['block_size']} | {m['steps']} | {envelope_name(m)} | "
               f"{m['tokens_per_s']:.0f} | {m['x_reference']:.2f} | {m['ms_per_plan']:.0f} |")
     print(f"\nwritten: {out / 'speed.json'}")
     return 0
+
+
+def envelope_name(entry: dict) -> str:
+    """off, on, or forward (on with the forward-only bound)."""
+    return "forward" if entry.get("forward_only") else "on" if entry["kinematic_envelope"] else "off"
 
 
 if __name__ == "__main__":

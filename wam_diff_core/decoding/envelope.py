@@ -66,13 +66,15 @@ _WEIGHTS, _LEGAL, _LARGEST = _slot_layout()
 _SPELLED = [q for q in range(FIXED_NUMBER_WIDTH) if q == 0 or _WEIGHTS[q] > 0]
 
 
-@lru_cache(maxsize=64)
-def _window(start: int, n: int, device: str) -> tuple[tuple[int, torch.Tensor, torch.Tensor], ...]:
+@lru_cache(maxsize=128)
+def _window(start: int, n: int, device: str, x_only: bool = False) -> tuple[tuple[int, torch.Tensor, torch.Tensor], ...]:
     """Per character slot q with a digit or sign in answer positions start .. start + n - 1: (q, the numbers
-    holding it there, their positions relative to start). The layout is static, so this is host arithmetic."""
+    holding it there, their positions relative to start); x_only: the x numbers' alone. The layout is static, so
+    this is host arithmetic."""
     out = []
     for q in _SPELLED:
         pos = list(range(start + (q - start) % _STRIDE, min(start + n, FIXED_TRAJECTORY_CHARS), _STRIDE))
+        pos = [p for p in pos if not x_only or p // _STRIDE % 2 == 0]
         if pos:
             out.append((q, torch.tensor([p // _STRIDE for p in pos], device=device),
                         torch.tensor([p - start for p in pos], device=device)))
@@ -167,9 +169,10 @@ class KinematicEnvelope:
         the answer's tokens so far (uncommitted positions: any token that is not a trajectory character, e.g.
         the mask) -> the logits with the digits and signs outside the envelope at -inf in the active rows.
 
-        Forward only: a first pass spells each number of the window as this step would (its best allowed
-        characters); the x numbers' floors then rise to the largest x spelled or committed before them, and the
-        second pass masks with those floors, so numbers a step commits together do not step back either."""
+        Forward only: a first pass masks and spells each number of the window as this step would (its best allowed
+        characters); the x numbers' floors then rise to the largest x spelled or committed before them, and a
+        second pass masks the x numbers again from the raw logits with those floors (the y numbers' bounds do not
+        change), so numbers a step commits together do not step back either."""
         if start >= FIXED_TRAJECTORY_CHARS:
             return logits
         codes = self._codes(answer)
@@ -181,7 +184,7 @@ class KinematicEnvelope:
         floor, _ = forward_bounds(_values(spelled)[:, 0::2], spelled_all[:, 0::2])
         lo = lo.clone()
         lo[:, 0::2] = torch.maximum(lo[:, 0::2], floor)
-        return self._mask(logits, start, codes, lo, hi)[0]
+        return self._mask(logits, start, codes, lo, hi, out=out, x_only=True)[0]
 
     def _codes(self, answer: torch.Tensor) -> torch.Tensor:
         """(batch, numbers, slots) character codes of the committed answer (-1: not committed)."""
@@ -205,17 +208,18 @@ class KinematicEnvelope:
         hi = torch.ceil(hi.transpose(1, 2).reshape(b, _NUMBERS) * _SCALE)
         return lo, hi
 
-    def _mask(self, logits: torch.Tensor, start: int, codes: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mask the window's digits and signs to [lo, hi] slot by slot, most significant first -> (the masked
-        logits, the codes with every uncommitted slot of the window spelled by its best allowed character)."""
+    def _mask(self, logits: torch.Tensor, start: int, codes: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+              out: torch.Tensor | None = None, x_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mask the window's digits and signs (x_only: the x numbers' alone) of the raw `logits` to [lo, hi] slot
+        by slot, most significant first, into `out` (default: a copy of `logits`) -> (out, the codes with every
+        uncommitted slot of those numbers spelled by its best allowed character)."""
         n, b, device = logits.shape[1], logits.shape[0], logits.device
         weights, legal, _, ten, slots, sign_lo, sign_hi = _tables(str(device))
         codes = codes.clone()
         digits = codes.clamp(min=0, max=9) * (weights > 0)
         sign = torch.where(codes[:, :, 0] == _MINUS, -1, 1)
-        out = logits.clone()
-        for q, nums, rel in _window(start, n, str(device)):
+        out = logits.clone() if out is None else out
+        for q, nums, rel in _window(start, n, str(device), x_only):
             lo_q, hi_q = lo[:, nums, None], hi[:, nums, None]  # (batch, k, 1)
             if q == 0:
                 ids = self.sign_ids
@@ -234,7 +238,7 @@ class KinematicEnvelope:
             if ok is not None:
                 dist = dist.masked_fill(~ok, float("inf"))
             allowed = (dist <= dist.amin(dim=-1, keepdim=True)) | ~self.active[:, None, None]
-            sub = out[:, rel[:, None], ids[None, :]]  # (batch, k, candidates)
+            sub = logits[:, rel[:, None], ids[None, :]]  # (batch, k, candidates)
             sub = sub.masked_fill(~allowed, float("-inf"))
             out[:, rel[:, None], ids[None, :]] = sub
             # this step's best allowed character where the slot is not committed: the prefix of the slots after
