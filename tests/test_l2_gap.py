@@ -113,11 +113,14 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     assert gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2", f"d={tmp_path / 'fixed'}@4x2:cosine"]) == 0
     d = json.loads((out / "l2_gap.json").read_text())["models"][3]
     assert (d["block_size"], d["steps"], d["schedule"], d["invalid"]) == (4, 2, "cosine", 0)
-    with pytest.raises(SystemExit, match="schedule linear, asked for B = 4, K = 2, schedule cosine"):
+    with pytest.raises(SystemExit, match="schedule linear, forward only False, asked for B = 4, K = 2, schedule cosine"):
         gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2:cosine"])
+    # so is a file decoded without the forward-only bound, asked with it
+    with pytest.raises(SystemExit, match="schedule linear, forward only False, asked for .* forward only True"):
+        gap.main(["--resume", "--forward-only", "on"] + args + [f"c={tmp_path / 'fixed'}@4x2"])
     # a resumed file decoded with another K is refused, not mislabelled
     (out / "predictions" / "b_planning.decode.json").write_text(json.dumps({"steps": 4}))
-    with pytest.raises(SystemExit, match="decoded with B = 1, K = 4, schedule linear, asked for B = 1, K = 1"):
+    with pytest.raises(SystemExit, match="decoded with B = 1, K = 4, schedule linear, forward only False, asked for B = 1, K = 1"):
         gap.main(args + ["--resume"])
 
 
