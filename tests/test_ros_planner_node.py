@@ -150,13 +150,13 @@ class Ros:
     def close(self):
         for node in self.nodes:
             node.release()
-        self.executor.shutdown(timeout_sec=2.0)
+        self.executor.shutdown(timeout_sec=5.0)
+        if self._thread is not None:  # spin() has returned before its context goes (else its wait set fails)
+            self._thread.join(5.0)
         for node in self.nodes:
             node.destroy_node()
         self.probe.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
-        if self._thread is not None:
-            self._thread.join(2.0)
 
 
 @pytest.fixture
