@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 import torch
 
@@ -66,19 +67,41 @@ _WEIGHTS, _LEGAL, _LARGEST = _slot_layout()
 _SPELLED = [q for q in range(FIXED_NUMBER_WIDTH) if q == 0 or _WEIGHTS[q] > 0]
 
 
-@lru_cache(maxsize=128)
-def _window(start: int, n: int, device: str, x_only: bool = False) -> tuple[tuple[int, torch.Tensor, torch.Tensor], ...]:
-    """Per character slot q with a digit or sign in answer positions start .. start + n - 1: (q, the numbers
-    holding it there, their positions relative to start); x_only: the x numbers' alone. The layout is static, so
-    this is host arithmetic."""
-    out = []
-    for q in _SPELLED:
-        pos = list(range(start + (q - start) % _STRIDE, min(start + n, FIXED_TRAJECTORY_CHARS), _STRIDE))
-        pos = [p for p in pos if not x_only or p // _STRIDE % 2 == 0]
-        if pos:
-            out.append((q, torch.tensor([p // _STRIDE for p in pos], device=device),
-                        torch.tensor([p - start for p in pos], device=device)))
-    return tuple(out)
+@dataclass(frozen=True)
+class _Layout:
+    """The numbers with a sign or digit in a window of answer positions, and where their slots lie: nums (k,) the
+    numbers; rel (k, S) each spelled slot's position relative to the window's start (0 where outside); inside
+    (k, S) whether it is in the window; per spelled slot j (S = len(_SPELLED)) in_any[j], whether any number has
+    it inside (host bools: the loop skips the rest); sign_pairs, digit_pairs: (number index, slot index, position)
+    of the slots inside, signs and digits apart, for the one scatter back."""
+
+    nums: torch.Tensor
+    rel: torch.Tensor
+    inside: torch.Tensor
+    in_any: tuple[bool, ...]
+    sign_pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    digit_pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@lru_cache(maxsize=1024)
+def _layout(start: int, n: int, device: str, x_only: bool = False) -> Optional[_Layout]:
+    """The window start .. start + n - 1's `_Layout` (x_only: the x numbers' alone), None when no sign or digit of
+    those numbers lies in it. The layout is static, so this is host arithmetic."""
+    end = min(start + n, FIXED_TRAJECTORY_CHARS)
+    nums = sorted({p // _STRIDE for p in range(start, end) if p % _STRIDE in _SPELLED
+                   and (not x_only or p // _STRIDE % 2 == 0)})
+    if not nums:
+        return None
+    inside = [[start <= i * _STRIDE + q < end for q in _SPELLED] for i in nums]
+    rel = [[i * _STRIDE + q - start if inside[a][j] else 0 for j, q in enumerate(_SPELLED)] for a, i in enumerate(nums)]
+    pairs = [(a, j, rel[a][j]) for a in range(len(nums)) for j in range(len(_SPELLED)) if inside[a][j]]
+
+    def tensors(sel):
+        return tuple(torch.tensor([p[c] for p in sel], dtype=torch.long, device=device) for c in range(3))
+
+    return _Layout(torch.tensor(nums, device=device), torch.tensor(rel, device=device),
+                   torch.tensor(inside, device=device), tuple(any(row[j] for row in inside) for j in range(len(_SPELLED))),
+                   tensors([p for p in pairs if p[1] == 0]), tensors([p for p in pairs if p[1] > 0]))
 
 
 @lru_cache(maxsize=64)
@@ -212,45 +235,59 @@ class KinematicEnvelope:
               out: torch.Tensor | None = None, x_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Mask the window's digits and signs (x_only: the x numbers' alone) of the raw `logits` to [lo, hi] slot
         by slot, most significant first, into `out` (default: a copy of `logits`) -> (out, the codes with every
-        uncommitted slot of those numbers spelled by its best allowed character)."""
-        n, b, device = logits.shape[1], logits.shape[0], logits.device
-        weights, legal, _, ten, slots, sign_lo, sign_hi = _tables(str(device))
-        codes = codes.clone()
-        digits = codes.clamp(min=0, max=9) * (weights > 0)
-        sign = torch.where(codes[:, :, 0] == _MINUS, -1, 1)
+        uncommitted slot of those numbers spelled by its best allowed character). The window's sign and digit
+        logits are gathered once, masked on a (batch, numbers, slots, candidates) tensor and scattered back once."""
         out = logits.clone() if out is None else out
-        for q, nums, rel in _window(start, n, str(device), x_only):
-            lo_q, hi_q = lo[:, nums, None], hi[:, nums, None]  # (batch, k, 1)
+        lay = _layout(start, logits.shape[1], str(logits.device), x_only)
+        if lay is None:
+            return out, codes
+        weights, legal, _, ten, slots, sign_lo, sign_hi = _tables(str(logits.device))
+        cand = logits[:, lay.rel[..., None], self.digit_ids]  # (batch, k, S, 10); the sign slot's column unused
+        signs = logits[:, lay.rel[:, :1], self.sign_ids]  # (batch, k, 2)
+        c = codes[:, lay.nums].clone()  # (batch, k, slots)
+        lo_k, hi_k = lo[:, lay.nums, None], hi[:, lay.nums, None]  # (batch, k, 1)
+        idle = ~self.active[:, None, None]
+        digits = c.clamp(min=0, max=9) * (weights > 0)
+        sign = torch.where(c[:, :, 0] == _MINUS, -1, 1)
+        masked = []
+        for j, q in enumerate(_SPELLED):
+            if not lay.in_any[j]:
+                masked.append(None)
+                continue
             if q == 0:
-                ids = self.sign_ids
-                vmin, vmax = sign_lo.expand(b, len(nums), 2), sign_hi.expand(b, len(nums), 2)
-                ok = None
+                vmin, vmax = sign_lo, sign_hi  # (2,): value ranges of "+" and "-"
+                dist = (lo_k - vmax).clamp(min=0) + (vmin - hi_k).clamp(min=0)
+                sub = signs
             else:
-                ids = self.digit_ids
                 w = _WEIGHTS[q]
-                above = (digits[:, nums] * (slots < q) * weights).sum(-1)
+                above = (digits * (slots < q) * weights).sum(-1)
                 low = (above[..., None] + ten * w).to(lo.dtype)  # (batch, k, 10)
                 high = low + (w - 1)
-                s = sign[:, nums, None]
+                s = sign[..., None]
                 vmin, vmax = torch.where(s > 0, low, -high), torch.where(s > 0, high, -low)
-                ok = legal[q]
-            dist = (lo_q - vmax).clamp(min=0) + (vmin - hi_q).clamp(min=0)
-            if ok is not None:
-                dist = dist.masked_fill(~ok, float("inf"))
-            allowed = (dist <= dist.amin(dim=-1, keepdim=True)) | ~self.active[:, None, None]
-            sub = logits[:, rel[:, None], ids[None, :]]  # (batch, k, candidates)
+                dist = ((lo_k - vmax).clamp(min=0) + (vmin - hi_k).clamp(min=0)).masked_fill(~legal[q], float("inf"))
+                sub = cand[:, :, j]
+            allowed = (dist <= dist.amin(dim=-1, keepdim=True)) | idle
             sub = sub.masked_fill(~allowed, float("-inf"))
-            out[:, rel[:, None], ids[None, :]] = sub
+            masked.append(sub)
             # this step's best allowed character where the slot is not committed: the prefix of the slots after
             best = sub.argmax(dim=-1)
-            code = best + _PLUS if q == 0 else best
-            fill = codes[:, nums, q] < 0
-            codes[:, nums, q] = torch.where(fill, code, codes[:, nums, q])
+            fill = (c[:, :, q] < 0) & lay.inside[:, j]
+            c[:, :, q] = torch.where(fill, best + _PLUS if q == 0 else best, c[:, :, q])
             if q == 0:
-                sign[:, nums] = torch.where(codes[:, nums, 0] == _MINUS, -1, 1)
+                sign = torch.where(c[:, :, 0] == _MINUS, -1, 1)
             else:
-                digits[:, nums, q] = codes[:, nums, q].clamp(min=0, max=9)
-        return out, codes
+                digits[:, :, q] = c[:, :, q].clamp(min=0, max=9)
+        a, j, p = lay.sign_pairs
+        if len(p):
+            out[:, p[:, None], self.sign_ids[None, :]] = masked[0][:, a]
+        a, j, p = lay.digit_pairs
+        if len(p):
+            stacked = torch.stack([m if m is not None else cand[:, :, 0] for m in masked[1:]], dim=2)  # (b, k, S-1, 10)
+            out[:, p[:, None], self.digit_ids[None, :]] = stacked[:, a, j - 1]
+        spelled = codes.clone()
+        spelled[:, lay.nums] = c
+        return out, spelled
 
 
 def _values(codes: torch.Tensor) -> torch.Tensor:
