@@ -16,14 +16,14 @@ Digits are masked most significant first: a digit is allowed when some completio
 lies in the bound (the prefix: committed characters, else this step's best allowed prediction of the characters
 before it), so whatever prefix of a number a step commits spells a value inside its bound. When no digit can
 (a committed prefix that a tighter bound excludes), the digits nearest the bound stay allowed: there is always one.
+Temperature sampling may draw a prefix character other than the best one the later masks assumed.
+All on the device, without host synchronisation; per step a fixed loop over the number's character slots.
 
 Forward only (`KinematicEnvelope.forward_only`): the ego does not reverse, so a plan never moves backward along the
 ego's heading: each x lies at or above every committed x before it (and the ego's 0) and at or below every committed
 x after it, in whatever order the block committed them. The expert's plans keep to it (v30: none of the 8,664 plans
 of data_plan and data_junction's train splits steps back in x); a block decoded in parallel can mix a plan that
 drives on with one that stops, x going 5.13 then 2.38 then 0.17.
-Temperature sampling may draw a prefix character other than the best one the later masks assumed.
-All on the device, without host synchronisation; per step a fixed loop over the number's character slots.
 """
 from __future__ import annotations
 
@@ -102,13 +102,6 @@ def _layout(start: int, n: int, device: str, x_only: bool = False) -> Optional[_
     return _Layout(torch.tensor(nums, device=device), torch.tensor(rel, device=device),
                    torch.tensor(inside, device=device), tuple(any(row[j] for row in inside) for j in range(len(_SPELLED))),
                    tensors([p for p in pairs if p[1] == 0]), tensors([p for p in pairs if p[1] > 0]))
-
-
-@lru_cache(maxsize=64)
-def _x_numbers(start: int, n: int) -> int:
-    """How many x numbers (even numbers) have a character in answer positions start .. start + n - 1."""
-    end = min(start + n, FIXED_TRAJECTORY_CHARS)
-    return len({p // _STRIDE for p in range(start, end) if p // _STRIDE % 2 == 0 and p % _STRIDE < FIXED_NUMBER_WIDTH})
 
 
 @lru_cache(maxsize=8)
@@ -201,7 +194,8 @@ class KinematicEnvelope:
         codes = self._codes(answer)
         lo, hi = self._bounds(codes)
         out, spelled = self._mask(logits, start, codes, lo, hi)
-        if not self.forward_only or _x_numbers(start, logits.shape[1]) < 2:
+        x_window = _layout(start, logits.shape[1], str(logits.device), True) if self.forward_only else None
+        if x_window is None or x_window.nums.shape[0] < 2:
             return out  # one x in the window at most: the committed ones' floors (in lo) are all there is
         spelled_all = (spelled[:, :, _SPELLED] >= 0).all(dim=-1)  # the point is never masked, so never spelled
         floor, _ = forward_bounds(_values(spelled)[:, 0::2], spelled_all[:, 0::2])
