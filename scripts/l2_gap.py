@@ -157,8 +157,8 @@ def main(argv=None) -> int:
         if not (args.resume and pred_path.is_file()):
             examples = load_split(split, loaded, "planning", args.samples)
             cfg = dataclasses.replace(decoder_config(B, K, STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
-                                                     args.number_order == "on", args.kinematic_envelope == "on"),
-                                      schedule=schedule, forward_only=args.forward_only == "on")
+                                                     args.number_order == "on", args.kinematic_envelope == "on",
+                                                     args.forward_only == "on"), schedule=schedule)
             decoded = decode_examples(loaded, examples, cfg, desc=label)
             write_predictions(pred_path, decoded)
             clock = {"block_size": B, "steps": cfg.steps, "schedule": schedule, "forward_only": cfg.forward_only,

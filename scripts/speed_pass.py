@@ -50,8 +50,7 @@ def main(argv=None) -> int:
         loaded = cache.setdefault(path, load_model(path))
         B = block or loaded.settings.trained_block_size
         cfg = dataclasses.replace(decoder_config(B, steps_for_block(B, steps), STRATEGY, THRESHOLD,
-                                                 TASK_BUDGET["planning"], True, not raw), schedule=schedule,
-                                  forward_only=forward)
+                                                 TASK_BUDGET["planning"], True, not raw, forward), schedule=schedule)
         runs.append((label, loaded, cfg))
     split = {}  # the samples, encoded once per checkpoint as it is asked them
     for _, loaded, _ in runs:

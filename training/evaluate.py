@@ -43,10 +43,11 @@ def prompt_batch(examples: Sequence[Example], pad_id: int) -> PromptBatch:
 
 
 def decoder_config(block_size: int, steps: Optional[int], strategy: str, threshold: float, max_new_tokens: int,
-                   backend: str = "sdpa", number_order: bool = True, kinematic_envelope: bool = True) -> DecoderConfig:
+                   backend: str = "sdpa", number_order: bool = True, kinematic_envelope: bool = True,
+                   forward_only: bool = False) -> DecoderConfig:
     return DecoderConfig(block_size=block_size, steps=steps or block_size, strategy=strategy, threshold=threshold,
                          max_new_tokens=max_new_tokens, backend=backend, number_order=number_order,
-                         kinematic_envelope=kinematic_envelope)
+                         kinematic_envelope=kinematic_envelope, forward_only=forward_only)
 
 
 def evaluate(model, processor, settings, examples: Sequence[Example], block_size: int, steps: Optional[int] = None,

@@ -209,10 +209,10 @@ class Report:
         for entry in self.spec.models:
             loaded = self.loaded(entry)
             B = block_size_of(entry, loaded)
-            cfg = decoder_config(B, d.steps, d.strategy, d.threshold, self.spec.max_new_tokens["planning"],
-                                 self.number_order(entry))
             # the checkpoint's own forward-only bound, as its closed-loop drive decodes
-            runs.append((entry, loaded, dataclasses.replace(cfg, forward_only=loaded.settings.decoding.forward_only)))
+            runs.append((entry, loaded, decoder_config(B, d.steps, d.strategy, d.threshold,
+                                                       self.spec.max_new_tokens["planning"], self.number_order(entry),
+                                                       forward_only=loaded.settings.decoding.forward_only)))
         totals = decode_in_turns([(loaded, cfg, self.examples("planning", loaded)) for _, loaded, cfg in runs])
         examples = self.examples("planning", runs[0][1])
         runs = [(entry, loaded, cfg, acc) for (entry, loaded, cfg), acc in zip(runs, totals)]

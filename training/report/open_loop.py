@@ -6,7 +6,6 @@ every number in the report can be recomputed from files.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -31,10 +30,11 @@ from ..evaluate import prompt_batch
 
 
 def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int,
-                   number_order: bool = True, kinematic_envelope: bool = True) -> DecoderConfig:
+                   number_order: bool = True, kinematic_envelope: bool = True, forward_only: bool = False) -> DecoderConfig:
     """B = 1 decodes one token per forward; otherwise at most `steps` denoising steps per block."""
     return evaluate_decoder_config(block_size, steps_for_block(block_size, steps), strategy, threshold, max_new_tokens,
-                                   number_order=number_order, kinematic_envelope=kinematic_envelope)
+                                   number_order=number_order, kinematic_envelope=kinematic_envelope,
+                                   forward_only=forward_only)
 
 
 @dataclass
@@ -111,8 +111,8 @@ def evaluate_task(loaded: LoadedModel, split: str, task: str, limit: int, block_
                   number_order: bool = True) -> dict:
     """Decode + score one task of one split; writes OUT/predictions/<tag>_<task>.jsonl."""
     examples = examples if examples is not None else load_split(split, loaded, task, limit)
-    cfg = dataclasses.replace(decoder_config(block_size, steps, strategy, threshold, max_new_tokens or TASK_BUDGET[task],
-                                             number_order), forward_only=loaded.settings.decoding.forward_only)
+    cfg = decoder_config(block_size, steps, strategy, threshold, max_new_tokens or TASK_BUDGET[task], number_order,
+                         forward_only=loaded.settings.decoding.forward_only)
     decoded = decode_examples(loaded, examples, cfg, desc=f"{tag} {task}", progress=progress)
     pred_path = out_dir / "predictions" / f"{tag}_{task}.jsonl"
     write_predictions(pred_path, decoded)
