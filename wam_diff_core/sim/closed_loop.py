@@ -362,9 +362,7 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int], number_ord
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     """--device, --block-size, --steps, --number-order, --kinematic-envelope, --forward-only, --schedule: how every
-    suite command runs a
-    learned policy (see
-    `policy_overrides`, `cli_overrides`)."""
+    suite command runs a learned policy (see `policy_overrides`, `cli_overrides`)."""
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=None,
                         help="learned policy: decode with this block size (default: the checkpoint's own)")
