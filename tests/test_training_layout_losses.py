@@ -309,3 +309,26 @@ def test_a_dataset_entry_keeps_only_the_scenarios_it_names(nano, tmp_path):
         DrivingDataset(path, nano.processor, scenarios=["highway", "intersection"])
     with pytest.raises(DataError, match="scenarios must be a non-empty list"):
         DrivingDataset(path, nano.processor, scenarios=[])
+
+
+def test_a_dataset_entry_keeps_only_plans_at_its_minimum_speed(nano, tmp_path):
+    """`min_speed_mps:` keeps the samples whose ego forward speed (meta.ego[0]) is at least the bound, with
+    `scenarios:` too; a bound no sample reaches, a bad bound and an unknown entry key are errors naming them."""
+    from training.data import build_datasets
+
+    speeds = [25.0, 19.99, 20.0, 8.0]
+    samples = [{**_sample(f"s{i}", "Ping?", "pong"), "meta": {"scenario": scen, "ego": [v, 0.0, 0.0, 0.0, 0.0]}}
+               for i, (scen, v) in enumerate(zip(["highway", "highway", "cut_in", "roundabout"], speeds))]
+    samples.append(_sample("no-meta", "Ping?", "pong"))
+    path = _write_dataset(tmp_path, samples)
+    mixed = build_datasets([{"path": str(path), "min_speed_mps": 20}], nano.processor, 4096, 64, "skip")
+    assert [mixed.datasets[0][i].sample_id for i in range(len(mixed.datasets[0]))] == ["s0", "s2"]
+    both = DrivingDataset(path, nano.processor, scenarios=["highway"], min_speed_mps=0)
+    assert [both[i].sample_id for i in range(len(both))] == ["s0", "s1"]
+    with pytest.raises(DataError, match=r"no sample at min_speed_mps 30; the fastest is 25.00 m/s"):
+        DrivingDataset(path, nano.processor, min_speed_mps=30)
+    for bad in (-1.0, "20", True, float("nan")):
+        with pytest.raises(DataError, match="min_speed_mps must be a number of m/s >= 0"):
+            DrivingDataset(path, nano.processor, min_speed_mps=bad)
+    with pytest.raises(DataError, match=r"unknown key\(s\) \['min_speed'\]"):
+        build_datasets([{"path": str(path), "min_speed": 20}], nano.processor, 4096, 64, "skip")

@@ -152,6 +152,29 @@ def keep_scenarios(samples: list, scenarios: Union[str, Sequence[str]], path: Pa
     return [x for x in samples if _scenario(x) in wanted]
 
 
+def _forward_speed(sample) -> Optional[float]:
+    meta = sample.get("meta") if isinstance(sample, dict) else None
+    ego = meta.get("ego") if isinstance(meta, dict) else None
+    if not isinstance(ego, (list, tuple)) or not ego or isinstance(ego[0], bool) or not isinstance(ego[0], (int, float)):
+        return None
+    return float(ego[0])
+
+
+def keep_fast(samples: list, min_speed_mps: float, path: Path) -> list:
+    """The samples whose ego forward speed (`meta.ego[0]`, m/s, as `wam-diff data` and `dagger` write it) is at
+    least `min_speed_mps`. Raises DataError naming the file when the bound is not a number >= 0 or no sample is
+    that fast."""
+    if isinstance(min_speed_mps, bool) or not isinstance(min_speed_mps, (int, float)) or not min_speed_mps >= 0:
+        raise DataError(f"{path}: min_speed_mps must be a number of m/s >= 0, got {min_speed_mps!r}")
+    speeds = [_forward_speed(x) for x in samples]
+    kept = [x for x, v in zip(samples, speeds) if v is not None and v >= min_speed_mps]
+    if not kept:
+        known = [v for v in speeds if v is not None]
+        have = f"the fastest is {max(known):.2f} m/s" if known else "no sample has meta.ego"
+        raise DataError(f"{path}: no sample at min_speed_mps {min_speed_mps}; {have}")
+    return kept
+
+
 class DrivingDataset(torch.utils.data.Dataset):
     """One dataset file. `__getitem__` returns an Example, or a BadSample for a sample that fails now."""
 
@@ -159,7 +182,7 @@ class DrivingDataset(torch.utils.data.Dataset):
                  max_response_tokens: int = 512, on_bad_sample: str = "skip", name: Optional[str] = None,
                  tasks: Optional[Sequence[str]] = None, trajectory_format: str = "official",
                  occupancy_cells: Optional[int] = None, scenarios: Optional[Sequence[str]] = None,
-                 route_targets: Union[bool, Sequence[str]] = True):
+                 route_targets: Union[bool, Sequence[str]] = True, min_speed_mps: Optional[float] = None):
         if on_bad_sample not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"on_bad_sample must be one of {BAD_SAMPLE_POLICIES}, got {on_bad_sample!r}")
         if trajectory_format not in TRAJECTORY_FORMATS:
@@ -188,6 +211,8 @@ class DrivingDataset(torch.utils.data.Dataset):
             samples = [x for x in samples if isinstance(x, dict) and x.get("task") in self.tasks]
         if scenarios is not None:
             samples = keep_scenarios(samples, scenarios, self.path)
+        if min_speed_mps is not None:
+            samples = keep_fast(samples, min_speed_mps, self.path)
         self.samples = self.scan(samples)
 
     def _restyle(self, task: str, response: str) -> str:
@@ -392,26 +417,34 @@ class MixSampler:
             epoch, offset = epoch + 1, 0
 
 
+ENTRY_KEYS = ("path", "weight", "name", "task", "scenarios", "min_speed_mps")
+
+
 def build_datasets(entries: Sequence[dict], processor: VLProcessor, max_prompt_tokens: int, max_response_tokens: int,
                    on_bad_sample: str, base_dir: Optional[Path] = None, trajectory_format: str = "official",
                    occupancy_cells: Optional[int] = None, route_targets: Union[bool, Sequence[str]] = True
                    ) -> MixedDataset:
-    """Datasets of config entries `{"path": ..., "weight": ..., "task": ..., "scenarios": [...]}` (paths relative
-    to `base_dir`; `task`, a name or a list, keeps only those samples of the file; `scenarios`, only the samples
-    of those scenario types, by `meta.scenario`). `route_targets` False strips planning prompts' route target sentence;
-    a list of route types keeps it in their samples alone."""
+    """Datasets of config entries `{"path": ..., "weight": ..., "task": ..., "scenarios": [...], "min_speed_mps": v}`
+    (paths relative to `base_dir`; `task`, a name or a list, keeps only those samples of the file; `scenarios`, only
+    the samples of those scenario types, by `meta.scenario`; `min_speed_mps`, only those whose ego drives at least
+    that fast, by `meta.ego[0]`). An entry key outside `ENTRY_KEYS` is an error. `route_targets` False strips planning
+    prompts' route target sentence; a list of route types keeps it in their samples alone."""
     datasets, weights = [], []
     for entry in entries:
         if isinstance(entry, str):
             entry = {"path": entry}
         if "path" not in entry:
             raise DataError(f"dataset entry {entry!r} has no 'path'")
+        unknown = sorted(set(entry) - set(ENTRY_KEYS))
+        if unknown:
+            raise DataError(f"dataset entry {entry!r}: unknown key(s) {unknown}; expected some of {list(ENTRY_KEYS)}")
         path = Path(entry["path"])
         if base_dir is not None and not path.is_absolute():
             path = base_dir / path
         datasets.append(DrivingDataset(path, processor, max_prompt_tokens, max_response_tokens, on_bad_sample,
                                        name=entry.get("name"), tasks=entry.get("task"),
                                        trajectory_format=trajectory_format, occupancy_cells=occupancy_cells,
-                                       scenarios=entry.get("scenarios"), route_targets=route_targets))
+                                       scenarios=entry.get("scenarios"), route_targets=route_targets,
+                                       min_speed_mps=entry.get("min_speed_mps")))
         weights.append(float(entry.get("weight", 1.0)))
     return MixedDataset(datasets, weights)
