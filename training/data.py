@@ -133,9 +133,14 @@ class DatasetStats:
         return self.total - sum(self.skipped.values())
 
 
-def _scenario(sample) -> Optional[str]:
+def _meta(sample) -> dict:
+    """A sample's `meta` object, or {} when it has none."""
     meta = sample.get("meta") if isinstance(sample, dict) else None
-    return meta.get("scenario") if isinstance(meta, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _scenario(sample) -> Optional[str]:
+    return _meta(sample).get("scenario")
 
 
 def keep_scenarios(samples: list, scenarios: Union[str, Sequence[str]], path: Path) -> list:
@@ -153,8 +158,7 @@ def keep_scenarios(samples: list, scenarios: Union[str, Sequence[str]], path: Pa
 
 
 def _forward_speed(sample) -> Optional[float]:
-    meta = sample.get("meta") if isinstance(sample, dict) else None
-    ego = meta.get("ego") if isinstance(meta, dict) else None
+    ego = _meta(sample).get("ego")
     if not isinstance(ego, (list, tuple)) or not ego or isinstance(ego[0], bool) or not isinstance(ego[0], (int, float)):
         return None
     return float(ego[0])
