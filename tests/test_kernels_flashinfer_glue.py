@@ -156,3 +156,24 @@ def test_block_sparse_prefill_splits_a_partial_last_block_off():
     want = _attend(q, k, v, blocks[None, :] <= blocks[:, None], 8 ** -0.5)
     assert torch.allclose(out, want, atol=1e-5)
     assert graph_runner.ATTENTION == ("sdpa", "flashinfer")
+
+
+def test_jit_warmup_makes_the_backends_own_calls_for_both_module_kinds(monkeypatch):
+    """The warm-up builds modules by calling the backend's code (so it builds what the backend loads):
+    the paged block step in both graph modes, the block-sparse prefill, and a single prefill."""
+    from kernels import jit_warmup
+
+    calls = []
+    fake = types.SimpleNamespace(
+        BatchPrefillWithPagedKVCacheWrapper=lambda *a, **kw: calls.append(("paged", kw.get("use_cuda_graph", False)))
+        or _Paged(*a, **kw),
+        BlockSparseAttentionWrapper=lambda *a, **kw: calls.append(("bsr",)) or _BlockSparse(*a, **kw),
+        single_prefill_with_kv_cache=lambda *a, **kw: calls.append(("single", kw.get("causal"))) or _single_prefill(*a, **kw))
+    monkeypatch.setattr(fa, "require_flashinfer", lambda: fake)
+    jit_warmup.build("batch_prefill", 16, torch.float32, "cpu")
+    assert calls == [("paged", False), ("paged", True), ("bsr",)]
+    calls.clear()
+    jit_warmup.build("single_prefill", 16, torch.float32, "cpu")
+    assert calls == [("single", True)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert jit_warmup.main(["--head-dims", "64"]) == 2  # no CUDA: says so and builds nothing

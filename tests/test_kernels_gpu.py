@@ -152,3 +152,24 @@ def test_captured_decode_under_the_trajectory_grammar_matches_the_eager_referenc
     second = graphs.generate(batch, cfg, ids.eos_token_id, grammar)  # replays with the buffer refreshed
     assert first.token_ids == second.token_ids == ref.token_ids
     assert not isinstance(parse_trajectory(nano.processor.decode(ref.token_ids[0])), ParseError)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", pytest.param("flashinfer", marks=needs_flashinfer)])
+def test_a_static_block_makes_no_host_sync_on_cuda(nano, camera_image, attention):
+    """Issue 6: nothing inside a block waits for the host. CUDA's sync debug mode turns any synchronising
+    call (.item(), a pageable copy, a data-dependent shape) into an error while one block runs eagerly."""
+    dtype = torch.bfloat16 if attention == "flashinfer" else torch.float32
+    runner = ModelRunner(_model(nano, dtype), "sdpa")
+    batch, cfg, ids = _batch(nano, camera_image), _cfg(32, 4), nano.settings
+    static = GraphRunner(runner, ids.mask_token_id, attention, cuda_graphs=False)
+    static.generate(batch, cfg, ids.eos_token_id)
+    run = next(iter(static.buckets.values()))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            run._eager(fused=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert not run.state.masked.any()  # the block ran to the end: every position committed
