@@ -85,18 +85,33 @@ class PagedStep:
         workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
         self.wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND", backend=kernel_backend(), **buffers)
         self.kv_lens: Optional[list[int]] = None
+        self._staged: Optional[torch.cuda.Event] = None  # marks the last plan's copy to the device
 
     def plan(self, kv_lens: list[int]) -> None:
-        """kv_lens: keys each request sees (host ints, 1..capacity). Host work only."""
+        """kv_lens: keys each request sees (host ints, 1..capacity). Host work, and at most one wait.
+
+        FlashInfer writes a plan into a pinned host buffer and copies it to the device asynchronously,
+        in stream order, while the host may run ahead of the device (no sync inside a block; a graph
+        replay returns at once). A new plan must not overwrite that buffer before the last plan's copy
+        has run, or the earlier block would read the later block's plan. FlashInfer's own copies of the
+        index arrays from pageable memory already wait for the stream; the event recorded after each
+        plan makes the guarantee explicit instead of leaning on that: a plan waits until the device has
+        begun the block planned before it, which leaves the host one block ahead.
+        """
         cache = self.cache
         if max(kv_lens) > cache.max_len or min(kv_lens) < 1:
             raise ValueError(f"kv lengths {kv_lens} outside 1..{cache.max_len}")
+        if self._staged is not None:
+            self._staged.synchronize()
         self.wrapper.plan(
             self.qo_indptr, self.kv_indptr, self.kv_indices, torch.tensor(kv_lens, dtype=torch.int32),
             self.num_heads, cache.kv_heads, cache.head_dim, cache.max_len,
             causal=False, sm_scale=cache.head_dim ** -0.5, q_data_type=cache.keys.dtype, kv_data_type=cache.keys.dtype,
             o_data_type=cache.keys.dtype,
         )
+        if cache.keys.device.type == "cuda":
+            self._staged = torch.cuda.Event()
+            self._staged.record()
         self.kv_lens = list(kv_lens)
 
     def run(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -85,7 +85,7 @@ run_step() {  # run_step SECONDS LOG NAME -- command...
     tail -n 3 "$log" | sed 's/^/    /' >> "$OUT/summary.txt"
 }
 
-PYTEST=($PY -m pytest -q -rs -p no:cacheprovider tests/test_kernels_gpu.py)
+PYTEST=($PY -m pytest -q -rs --tb=short -p no:cacheprovider tests/test_kernels_gpu.py)
 # 2. FlashInfer's JIT kernels, built in the background (one process per module, in parallel) while the
 #    GPU tests that need no FlashInfer run: nothing is timed until the build has finished
 JIT_LIMIT=${JIT_LIMIT:-210}
@@ -107,12 +107,14 @@ if [ -n "$JIT_PID" ]; then
 fi
 # 4. FlashInfer tests (kernels already built)
 run_step 90 "$OUT/tests.log" "gpu tests, FlashInfer" -- "${PYTEST[@]}" -k flashinfer
-# 5. the 2B ladder: AR -> B=32 SDPA eager -> + FlashInfer -> + CUDA graphs, K 8 and 16, batch 1 and 8
-run_step 130 "$OUT/ladder.log" "ladder qwen3-vl-2b" -- $PY -m kernels.ladder --model qwen3-vl-2b --device cuda \
-    --dtype bfloat16 --block-size 32 --steps 8,16 --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
-    --out "$OUT/ladder_qwen3-vl-2b.json"
-# 6. the same ladder on nano (diversified random weights, so greedy token comparisons mean something)
-run_step 45 "$OUT/ladder.log" "ladder nano" -- $PY -m kernels.ladder --model nano --device cuda \
-    --dtype bfloat16 --block-size 32 --steps 8,16 --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
-    --out "$OUT/ladder_nano.json"
+# 5. the ladders (LADDERS picks which; nano first: its diversified random weights make greedy token
+#    comparisons mean something), AR -> B=32 SDPA eager -> + FlashInfer -> + CUDA graphs, K 8 and 16,
+#    batch 1 and 8
+for model in ${LADDERS:-nano qwen3-vl-2b}; do
+    limit=45
+    [ "$model" = qwen3-vl-2b ] && limit=130
+    run_step $limit "$OUT/ladder.log" "ladder $model" -- $PY -m kernels.ladder --model "$model" --device cuda \
+        --dtype bfloat16 --block-size 32 --steps 8,16 --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
+        --out "$OUT/ladder_$model.json"
+done
 step "done"
