@@ -19,9 +19,10 @@ A bucket is (batch, B, K, capacity, remasking settings). Its buffers live as lon
 a graph captured once keeps pointing at them: a block is run by refreshing the inputs in place
 (positions, FlashInfer plans, outside the graph) and replaying.
 
-CUDA-graph and FlashInfer paths: written against the documented torch.cuda.CUDAGraph and FlashInfer
-APIs and NOT YET RUN ON A GPU (this module was developed on CPU-only machines; scripts/gpu_check.sh
-runs the GPU tests). On a CPU, or with `cuda_graphs=False`, the same block function runs eagerly.
+On an H200 (thirty-second session, kernels/results/h200_v32/): with SDPA attention the captured decode
+is token-identical to the eager reference and a block makes no host sync; with FlashInfer attention a
+whole decode does NOT yet give SDPA's tokens (open; README, "GPU fast path"). On a CPU, or with
+`cuda_graphs=False`, the same block function runs eagerly.
 """
 from __future__ import annotations
 
@@ -150,7 +151,7 @@ class _BucketRun:
         run_block(self.owner.runner, self.state, self.bucket, self.owner.mask_id, fused, self.plans, generator)
 
     def capture(self) -> None:
-        """Warm up, then capture the first-block and later-block graphs (CUDA only; GPU-UNTESTED).
+        """Warm up, then capture the first-block and later-block graphs (CUDA only).
 
         Plans are made before capture; the captured kernels read the plan buffers, which `block`
         refreshes before each replay. Warm-up runs on a side stream, as torch.cuda.graphs requires.

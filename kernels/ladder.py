@@ -15,7 +15,8 @@ Reported per row: tokens/s, ms/token (per sample), forwards/token, achieved band
 read per forward) against the device's peak. A rung that fails records its error and the ladder goes
 on. Prefill is timed apart for both FlashInfer prefill modes (block-sparse, custom mask).
 
-The CUDA-graph and FlashInfer rungs are GPU-UNTESTED until scripts/gpu_check.sh has run on a GPU.
+First run on an H200 in the thirty-second session (kernels/results/h200_v32/); the FlashInfer rungs' tokens
+did not match SDPA's there (open), so their speed is not yet that of a working path.
 """
 from __future__ import annotations
 
