@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from .ladder import positive_ints
+
 KINDS = ("batch_prefill", "single_prefill")
 KV_HEADS = 2  # the group size does not select a module; two kv heads keep the warm-up calls tiny
 
@@ -51,16 +53,9 @@ def build(kind: str, head_dim: int, dtype: torch.dtype, device: str = "cuda") ->
         torch.cuda.synchronize()
 
 
-def _ints(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kernels.jit_warmup", description=__doc__.split("\n\n")[0])
-    p.add_argument("--head-dims", type=_ints, default=[64, 128])
+    p.add_argument("--head-dims", type=positive_ints, default=[64, 128])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--kinds", default=",".join(KINDS), help=f"subset of {KINDS}")
     p.add_argument("--jobs", type=int, default=None, help="nvcc processes per module (MAX_JOBS); default cores / modules")

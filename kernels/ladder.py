@@ -51,7 +51,7 @@ TARGET_TOKENS_PER_S_2B_BATCH1_K16 = 1500.0
 TARGET_BANDWIDTH_UTIL = 0.60
 
 
-def _ints(text: str) -> list[int]:
+def positive_ints(text: str) -> list[int]:
     values = [int(v) for v in text.split(",") if v.strip()]
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
@@ -72,8 +72,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--block-size", type=int, default=32)
-    p.add_argument("--steps", type=_ints, default=[8, 16])
-    p.add_argument("--batch-sizes", type=_ints, default=[1, 8])
+    p.add_argument("--steps", type=positive_ints, default=[8, 16])
+    p.add_argument("--batch-sizes", type=positive_ints, default=[1, 8])
     p.add_argument("--rungs", type=_rungs, default=list(RUNGS))
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--prompt-len", type=int, default=128, help="prompt length for models without a tokenizer")
