@@ -27,6 +27,7 @@ whole decode does NOT yet give SDPA's tokens (open; README, "GPU fast path"). On
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Optional
 
 import torch
@@ -39,6 +40,7 @@ from wam_diff_core.decoding.result import DecodeResult, PhaseClock, trim_at_eos
 from wam_diff_core.model.processor import PromptBatch
 from wam_diff_core.model.runner import ModelRunner
 
+from .fast_layers import FastTextLayers
 from .remask_ops import block_logits, remask_step
 from .static_cache import StaticKVCache, StaticSpec
 
@@ -96,15 +98,18 @@ def forward_static(runner: ModelRunner, tokens: torch.Tensor, rope, cache: Stati
 
 
 def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int, fused: bool,
-              plans: tuple[Any, Any] = (None, None), generator: Optional[torch.Generator] = None) -> None:
+              plans: tuple[Any, Any] = (None, None), generator: Optional[torch.Generator] = None,
+              layers: Optional[FastTextLayers] = None) -> None:
     """Denoise one block in place: K steps over the static state; with `fused`, the first step also
     commits the finished block in `st.pend` and refreshes `st.prev_logits`. Ends with the block in
     `st.x` and copied to `st.pend`. Tensor ops only: no host sync, no data-dependent Python.
 
-    plans: the (plain step, fused step) FlashInfer plans, or None for SDPA.
+    plans: the (plain step, fused step) FlashInfer plans, or None for SDPA. layers: the fast text layers
+    (`kernels.fast_layers`), or None for the model's own.
     """
     B, K = bucket.block_size, bucket.steps
     cache = st.cache
+    forward = layers.forward if layers is not None else partial(forward_static, runner)
     st.x.fill_(mask_id)
     st.masked.fill_(True)
     rope = runner.rope(st.pos)
@@ -112,12 +117,12 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
         if fused and s == 0:
             tokens = torch.cat([st.pend, st.x], 1)
             q_rope = runner.rope(torch.cat([st.pend_pos, st.pos], 1))
-            hidden = forward_static(runner, tokens, q_rope, cache, cache.begin(st.fused_limits, plans[1]))
+            hidden = forward(tokens, q_rope, cache, cache.begin(st.fused_limits, plans[1]))
             cache.commit(B)
             st.prev_logits.copy_(runner.logits(hidden[:, B - 1]))
             h = hidden[:, B:]
         else:
-            h = forward_static(runner, st.x, rope, cache, cache.begin(st.plain_limits, plans[0]))
+            h = forward(st.x, rope, cache, cache.begin(st.plain_limits, plans[0]))
         logits = block_logits(st.prev_logits, runner.logits(h[:, : B - 1]))
         if st.banned is not None:
             logits = logits.masked_fill(st.banned, float("-inf"))
@@ -148,7 +153,8 @@ class _BucketRun:
         return (self.planner.plain, self.planner.fused) if self.planner is not None else (None, None)
 
     def _eager(self, fused: bool, generator=None) -> None:
-        run_block(self.owner.runner, self.state, self.bucket, self.owner.mask_id, fused, self.plans, generator)
+        run_block(self.owner.runner, self.state, self.bucket, self.owner.mask_id, fused, self.plans, generator,
+                  self.owner.layers)
 
     def capture(self) -> None:
         """Warm up, then capture the first-block and later-block graphs (CUDA only).
@@ -191,9 +197,12 @@ class GraphRunner:
     """Capture-ready decoding over a ModelRunner. `attention`: "sdpa" (the model's registered SDPA
     backend reading a static mask) or "flashinfer" (switches the model's text attention to the
     FlashInfer backend; CUDA + flashinfer only). `cuda_graphs`: capture and replay per bucket (CUDA
-    only; ignored on a CPU, where the same block function runs eagerly)."""
+    only; ignored on a CPU, where the same block function runs eagerly). `fast_layers`: run the text
+    layers through `kernels.fast_layers` (merged projections, fewer kernels; same math), and with
+    `compile_layers` also torch.compile their two pure parts (implies fast_layers)."""
 
-    def __init__(self, runner: ModelRunner, mask_id: int, attention: str = "sdpa", cuda_graphs: bool = False):
+    def __init__(self, runner: ModelRunner, mask_id: int, attention: str = "sdpa", cuda_graphs: bool = False,
+                 fast_layers: bool = False, compile_layers: bool = False):
         if attention not in ATTENTION:
             raise ValueError(f"unknown attention {attention!r} for the static decoder; expected one of {ATTENTION}")
         if attention == "flashinfer":
@@ -206,6 +215,7 @@ class GraphRunner:
                              f"got {runner.backend!r}")
         self.runner, self.mask_id, self.attention = runner, mask_id, attention
         self.cuda_graphs = bool(cuda_graphs) and runner.device.type == "cuda"
+        self.layers = FastTextLayers(runner.model, compile_layers) if fast_layers or compile_layers else None
         self.buckets: dict[Bucket, _BucketRun] = {}
         self.captures = 0  # buckets captured (each: a first-block and a later-block graph)
         self.replays = 0

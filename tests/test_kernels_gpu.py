@@ -61,6 +61,19 @@ def test_captured_sdpa_decode_is_token_identical_to_the_eager_reference_on_cuda(
     assert graphs.captures == 1 and graphs.replays == 2 * cfg.num_blocks
 
 
+@pytest.mark.parametrize("layers", ["fast", "compiled"])
+def test_captured_fast_layers_decode_the_eager_reference_tokens_on_cuda(nano, camera_image, layers):
+    """kernels.fast_layers inside the captured graphs (and with torch.compile: Triton kernels in the graph)."""
+    runner = ModelRunner(_model(nano, torch.float32), "sdpa")
+    batch, cfg, ids = _batch(nano, camera_image), _cfg(32, 8), nano.settings
+    ref = generate(runner, batch, cfg, ids.mask_token_id, ids.eos_token_id)
+    graphs = GraphRunner(runner, ids.mask_token_id, "sdpa", cuda_graphs=True, fast_layers=True,
+                         compile_layers=layers == "compiled")
+    runs = [graphs.generate(batch, cfg, ids.eos_token_id) for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids == ref.token_ids
+    assert graphs.captures == 1 and graphs.replays == 2 * cfg.num_blocks
+
+
 def test_captured_dynamic_remasking_with_eos_matches_the_reference_on_cuda(nano, camera_image):
     runner = ModelRunner(_model(nano, torch.float32), "sdpa")
     batch, ids = _batch(nano, camera_image, 1), nano.settings
