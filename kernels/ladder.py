@@ -15,8 +15,9 @@ Rungs, each measured in this one run (ratios between rungs are what the targets 
 Fixed K with `low_confidence_static` remasking and EOS ignored, so every rung decodes the same number
 of tokens with the same forward count. Greedy tokens of every rung are compared with `sdpa_eager`.
 Reported per row: tokens/s, ms/token (per sample), forwards/token, achieved bandwidth (weights + KV
-read per forward) against the device's peak. A rung that fails records its error and the ladder goes
-on. Prefill is timed apart for both FlashInfer prefill modes (block-sparse, custom mask).
+read per forward) against the device's peak, and for the capture-ready rungs the launches of one eager
+denoising step (CUDA kernels on a GPU; top-level ATen operations on a CPU). A rung that fails records
+its error and the ladder goes on. Prefill is timed apart for both FlashInfer prefill modes (block-sparse, custom mask).
 
 First run on an H200 in the thirty-second session (kernels/results/h200_v32/); the FlashInfer rungs' tokens
 did not match SDPA's there (open), so their speed is not yet that of a working path.
@@ -39,6 +40,7 @@ from wam_diff_core.bench import PEAK_BANDWIDTH_GBPS, benchmark_prompts, bytes_pe
 from wam_diff_core.decoding.ar import generate_ar
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.decoding.remasking import step_count
 from wam_diff_core.model.checkpoint import load
 from wam_diff_core.model.processor import PromptBatch
 from wam_diff_core.model.runner import ModelRunner
@@ -159,6 +161,11 @@ class Ladder:
             "first_run_s": warm.timings["total"],
             "token_ids": runs[0].token_ids,
         }
+        gr = self.graph_runners.get(rung)
+        if gr is not None:
+            run = next(r for b, r in gr.buckets.items()
+                       if b.batch == batch.batch_size and b.steps == step_count(self.args.block_size, K))
+            row["launches_per_step"] = launches_per_step(run)
         if self.device.type == "cuda":
             cache_tokens = batch.input_ids.shape[1] + self.args.new_tokens / 2
             gbps = bytes_per_forward(self.model, cache_tokens, batch.batch_size) * forwards / decode_s / 1e9
@@ -281,6 +288,35 @@ def peak_bandwidth(device: torch.device):
     return next((v for k, v in PEAK_BANDWIDTH_GBPS.items() if k in name), None)
 
 
+# operations that only reshape or alias a tensor (no kernel on a GPU)
+VIEW_OPS = frozenset({
+    "aten::view", "aten::transpose", "aten::unsqueeze", "aten::expand", "aten::slice", "aten::select", "aten::t",
+    "aten::reshape", "aten::as_strided", "aten::_unsafe_view", "aten::alias", "aten::permute", "aten::detach",
+    "aten::empty", "aten::empty_like", "aten::squeeze", "aten::split", "aten::chunk", "aten::narrow", "aten::unbind",
+    "aten::empty_strided", "aten::unflatten", "aten::lift_fresh", "aten::result_type"})
+
+
+def launch_count(fn, device: torch.device) -> int:
+    """What `fn` launches: on CUDA the kernels (and copies) the profiler sees on the device; on a CPU the
+    top-level ATen operations that are not views (each at least one kernel on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        _sync(device)
+    if cuda:
+        return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
+    return sum(e.name.startswith("aten::") and e.name not in VIEW_OPS for e in prof.events()
+               if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+
+
+def launches_per_step(run) -> float:
+    """Launches of one eager denoising step of a static bucket (`graph_runner._BucketRun`): one plain block,
+    divided by its K steps. A captured rung replays the same function."""
+    return launch_count(lambda: run._eager(False), run.state.cache.keys.device) / run.bucket.steps
+
+
 def targets(result: dict) -> dict:
     """Issue 6's targets evaluated on this run's rows (None where a needed row is missing)."""
     rows = [r for r in result["rows"] if "tokens_per_s" in r]
@@ -323,6 +359,8 @@ def _format_row(r: dict) -> str:
         return f"{head} | {r['error']}"
     text = (f"{head} | {r['tokens_per_s']:9.1f} tok/s | {r['ms_per_token']:7.2f} ms/tok | "
             f"{r['forwards_per_token']:.3f} fwd/tok")
+    if r.get("launches_per_step") is not None:
+        text += f" | {r['launches_per_step']:.0f} launches/step"
     if r.get("achieved_gbps") is not None:
         util = f" ({100 * r['bandwidth_util']:.0f} %)" if r.get("bandwidth_util") else ""
         text += f" | {r['achieved_gbps']:.0f} GB/s{util}"

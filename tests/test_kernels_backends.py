@@ -94,6 +94,9 @@ def test_ladder_on_cpu_runs_the_eager_rungs_and_skips_the_gpu_ones_with_a_reason
     assert rows["static_sdpa"]["tokens_match_sdpa_eager"] is True
     assert rows["static_sdpa"]["forwards_per_token"] == rows["sdpa_eager"]["forwards_per_token"] == 2 * 2 / 8
     assert rows["ar"]["forwards_per_token"] == 7 / 8  # no forward after the last token
+    # launches of one eager step of the static rung (CPU: top-level ATen operations): at least one per
+    # operation of each of nano's 4 layers' ~60, and none counted for the reference decoder
+    assert rows["static_sdpa"]["launches_per_step"] >= 4 * 55 and "launches_per_step" not in rows["sdpa_eager"]
     if NO_FLASHINFER:
         assert rows["flashinfer_graphs"]["error"].startswith("skipped:")
     assert all("token_ids" not in r for r in result["rows"])
