@@ -252,3 +252,48 @@ def test_flashinfer_block_steps_after_an_sdpa_prefill_decode_the_static_sdpa_tok
     agree = sum(x == y for a, r in zip(out["flashinfer"], out["sdpa"]) for x, y in zip(a, r))
     total = sum(len(r) for r in out["sdpa"])
     assert out["flashinfer"] == out["sdpa"], f"{agree}/{total} tokens agree"
+
+
+@needs_flashinfer
+def test_flashinfer_static_step_matches_sdpa_layer_by_layer(nano, camera_image):
+    """One plain block step of the static decoder through the model, from the same cache state, with SDPA
+    and with FlashInfer: each layer's output against SDPA's (relative to its scale). Says at which layer a
+    FlashInfer decode first leaves SDPA (layer 0: the kernel call; later layers only: what a layer's cache
+    view or the step's inputs carry)."""
+    from kernels.flashinfer_attention import StepPlanner, use_flashinfer
+    from kernels.graph_runner import forward_static
+    from wam_diff_core.attention.backends import use_backend
+
+    ids = nano.settings
+    runner = ModelRunner(_model(nano, torch.bfloat16), "sdpa")
+    batch = _batch(nano, camera_image)
+    static = GraphRunner(runner, ids.mask_token_id, "sdpa")
+    static.generate(batch, _cfg(32, 4), ids.eos_token_id)
+    st = next(iter(static.buckets.values())).state
+    keys, values, lens = st.cache.keys.clone(), st.cache.values.clone(), st.cache.lens.clone()
+    rope = runner.rope(st.pos)
+    outs = {}
+    for attention in ("sdpa", "flashinfer"):
+        with torch.inference_mode():  # the bucket's buffers are inference tensors
+            st.cache.keys.copy_(keys)
+            st.cache.values.copy_(values)
+            st.cache.lens.copy_(lens)
+        plan = None
+        if attention == "flashinfer":
+            use_flashinfer(runner.model)
+            planner = StepPlanner(runner.model, st.cache, 32, use_cuda_graph=False)
+            planner.plan(lens.tolist(), fused=False)
+            plan = planner.plain
+        seen = []
+        hooks = [layer.register_forward_hook(lambda m, a, out: seen.append(out.float().clone()))
+                 for layer in runner.text.layers]
+        try:
+            with torch.inference_mode():
+                forward_static(runner, st.x, rope, st.cache, st.cache.begin(st.plain_limits, plan))
+        finally:
+            for h in hooks:
+                h.remove()
+            use_backend(runner.model, "sdpa")
+        outs[attention] = seen
+    errs = [(f - s_).abs().max().item() / s_.abs().max().item() for s_, f in zip(outs["sdpa"], outs["flashinfer"])]
+    assert max(errs) <= 2e-2, "relative max error per layer: " + ", ".join(f"{e:.4f}" for e in errs)
