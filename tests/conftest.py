@@ -27,6 +27,16 @@ def nano():
     return loaded
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One CPU thread for a module that asks for it: on a shared 2-core machine, spinning worker threads make
+    nano ~10x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def nano_ckpt(nano, tmp_path_factory):
     """A freshly initialised nano model (default init, not the decoding tests' wide one), saved once."""

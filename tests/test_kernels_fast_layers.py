@@ -20,12 +20,7 @@ PROMPTS = [
     (chat_prompt(qa_prompt("Is the left lane free?"), 0), 0),
 ]
 CPU = torch.device("cpu")
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one CPU thread for the module
 
 
 @pytest.fixture(scope="module")

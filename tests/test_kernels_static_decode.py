@@ -18,13 +18,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One CPU thread: on a shared 2-core machine, spinning worker threads make nano ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one CPU thread for the module
 
 
 @pytest.fixture(scope="module")
