@@ -4,8 +4,8 @@ Written against FlashInfer's Python API (flashinfer-python 0.7.0: BatchPrefillWi
 BlockSparseAttentionWrapper, single_prefill_with_kv_cache). One H200 run (thirty-second session,
 kernels/results/h200_v32/): a block step equals SDPA over the static mask (2B shapes), the prefill gives
 SDPA's last logits, a block makes no host sync, but a whole decode on nano does not give SDPA's tokens:
-OPEN. tests/test_kernels_gpu.py now checks the step at nano's shapes, the prefill K/V per layer and the
-steps after an SDPA prefill apart, to say which part is wrong.
+OPEN. tests/test_kernels_gpu.py now checks the step at nano's shapes, the prefill K/V per layer, the
+steps after an SDPA prefill and one step inside the model layer by layer, to say which part is wrong.
 
 Registered with transformers' AttentionInterface as "wam_flashinfer" (registration needs no
 flashinfer; a call does, and raises naming what is missing). What it computes depends on the spec:
