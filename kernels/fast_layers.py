@@ -10,7 +10,7 @@ graph each kernel still costs a few microseconds. This layer stack computes the 
   over q and k together;
 and optionally `torch.compile` of the two pure parts of a layer (norm + projection + rotary; output
 projection + norm + MLP), which fuses their elementwise work. The compiled functions take the weights
-as arguments, so one compiled graph per shape serves every layer. The KV-cache write and attention
+as arguments, so one compiled graph serves every layer. The KV-cache write and attention
 stay as they are (the registered backend, with the step's spec), so the static cache, the masks and
 the FlashInfer plans work unchanged.
 
@@ -117,9 +117,10 @@ class FastTextLayers:
                     torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight))
         self.eps = _eps(norms)
         self.compiled = bool(compile_layers)
-        self._inputs: Callable = torch.compile(attention_inputs, dynamic=False) if compile_layers else attention_inputs
-        self._rest: Callable = (torch.compile(attention_output_and_mlp, dynamic=False) if compile_layers
-                                else attention_output_and_mlp)
+        # torch.compile's default dynamism: the first shape compiles static, a second shape (the fused step's 2B
+        # queries, another batch) once more with dynamic sizes, which then serves every later bucket
+        self._inputs: Callable = torch.compile(attention_inputs) if compile_layers else attention_inputs
+        self._rest: Callable = torch.compile(attention_output_and_mlp) if compile_layers else attention_output_and_mlp
 
     def forward(self, tokens: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: StaticKVCache,
                 spec: StaticSpec) -> torch.Tensor:

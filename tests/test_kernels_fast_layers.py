@@ -97,7 +97,7 @@ def test_fast_layers_refuse_a_model_they_do_not_implement(nano):
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("cc") is None,
                     reason="torch.compile on a CPU needs a C++ compiler")
 def test_compiled_fast_layers_decode_the_reference_tokens(nano, runner, padded):
-    """torch.compile of the two pure parts of a layer (one compiled graph per shape serves every layer)."""
+    """torch.compile of the two pure parts of a layer (one compiled graph serves every layer)."""
     ids = nano.settings
     cfg = DecoderConfig(block_size=8, steps=2, strategy="low_confidence_static", max_new_tokens=8, ignore_eos=True)
     ref = generate(runner, padded, cfg, ids.mask_token_id, ids.eos_token_id)
