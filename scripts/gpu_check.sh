@@ -112,8 +112,8 @@ run_step 90 "$OUT/tests.log" "gpu tests, FlashInfer" -- "${PYTEST[@]}" -k flashi
 #    comparisons mean something), AR -> B=32 SDPA eager -> + FlashInfer -> + CUDA graphs, K 8 and 16,
 #    batch 1 and 8
 for model in ${LADDERS:-nano qwen3-vl-2b}; do
-    limit=90
-    [ "$model" = qwen3-vl-2b ] && limit=200  # includes torch.compile of the compiled_graphs rung
+    limit=75
+    [ "$model" = qwen3-vl-2b ] && limit=240  # includes torch.compile of the compiled_graphs rung
     run_step $limit "$OUT/ladder.log" "ladder $model" -- $PY -m kernels.ladder --model "$model" --device cuda \
         --dtype bfloat16 --block-size 32 --steps 8,16 --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
         --out "$OUT/ladder_$model.json"
