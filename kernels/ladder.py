@@ -6,6 +6,7 @@ Rungs, each measured in this one run (ratios between rungs are what the targets 
 - `ar`: the engine's autoregressive decoder (B = 1), the baseline;
 - `sdpa_eager`: the engine's reference block decoder, SDPA attention, eager;
 - `static_sdpa`: the capture-ready decoder (kernels.graph_runner), SDPA over the static cache, eager;
+- `static_fast`: the same with the fast text layers (`kernels.fast_layers`), eager (runs on a CPU too);
 - `flashinfer`: the capture-ready decoder with FlashInfer attention, eager;
 - `flashinfer_graphs`: the same, one CUDA graph per block replayed;
 - `sdpa_graphs`: the capture-ready decoder with SDPA attention, captured;
@@ -48,8 +49,8 @@ from wam_diff_core.model.runner import ModelRunner
 from . import missing_for_flashinfer
 from .graph_runner import GraphRunner
 
-BLOCK_RUNGS = ("sdpa_eager", "static_sdpa", "flashinfer", "flashinfer_graphs", "sdpa_graphs", "fast_graphs",
-               "compiled_graphs")
+BLOCK_RUNGS = ("sdpa_eager", "static_sdpa", "static_fast", "flashinfer", "flashinfer_graphs", "sdpa_graphs",
+               "fast_graphs", "compiled_graphs")
 GRAPH_RUNGS = tuple(r for r in BLOCK_RUNGS if r.endswith("graphs"))
 RUNGS = ("ar",) + BLOCK_RUNGS
 # issue 6 targets, checked on the numbers of one run
@@ -139,7 +140,8 @@ class Ladder:
         if gr is None:
             attention = "flashinfer" if rung.startswith("flashinfer") else "sdpa"
             gr = GraphRunner(self.runner, s.mask_token_id, attention, cuda_graphs=rung.endswith("graphs"),
-                             fast_layers=rung == "fast_graphs", compile_layers=rung == "compiled_graphs")
+                             fast_layers=rung in ("static_fast", "fast_graphs"),
+                             compile_layers=rung == "compiled_graphs")
             self.graph_runners[rung] = gr
         return gr.generate(batch, cfg, s.eos_token_id)
 
