@@ -133,6 +133,18 @@ def test_flashinfer_glue_prefill_and_block_steps_decode_the_reference_tokens(nan
         assert fa._BSR  # the prompts went through the block-sparse kernel
 
 
+def test_flashinfer_glue_serves_the_fast_layers_too(nano, batch):
+    """kernels.fast_layers hands the step's spec (and so its FlashInfer plan) to the registered backend."""
+    ids = nano.settings
+    cfg = DecoderConfig(block_size=8, steps=2, strategy="low_confidence_static", max_new_tokens=20, ignore_eos=True)
+    ref = generate(ModelRunner(nano.model, "sdpa"), batch, cfg, ids.mask_token_id, ids.eos_token_id)
+    static = GraphRunner(ModelRunner(copy.deepcopy(nano.model), "sdpa"), ids.mask_token_id, attention="flashinfer",
+                         fast_layers=True)
+    assert static.generate(batch, cfg, ids.eos_token_id).token_ids == ref.token_ids
+    planner = next(iter(static.buckets.values())).planner
+    assert planner.plain.wrapper.calls > 0 and planner.fused.wrapper.calls > 0
+
+
 def test_flashinfer_glue_serves_the_eager_reference_decoder_too(nano, batch):
     """The reference decoder on this backend: masked fused steps (custom mask per sample, pads cut)
     and unmasked steps (a single-sample batch has no padding)."""
