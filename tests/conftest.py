@@ -55,3 +55,28 @@ def nano_ckpt(nano, tmp_path_factory):
 def camera_image():
     rng = np.random.default_rng(0)
     return rng.integers(0, 256, (128, 256, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="session")
+def two_prompts():
+    """(chat prompt, image count): a planning prompt with one camera image and a QA prompt with none, so
+    batched together the second is left-padded."""
+    from wam_diff_core.prompts import chat_prompt, planning_prompt, qa_prompt
+    from wam_diff_core.types import EgoState
+
+    return [(chat_prompt(planning_prompt(EgoState(vx=6.5, ax=0.3), "turn left"), 1), 1),
+            (chat_prompt(qa_prompt("Is the left lane free?"), 0), 0)]
+
+
+@pytest.fixture(scope="session")
+def encode_prompts(nano, camera_image):
+    """Encode [(chat prompt, image count)] with nano's processor (each image the shared camera image)."""
+    return lambda items: nano.processor.encode([p for p, _ in items], [[camera_image] * n for _, n in items])
+
+
+@pytest.fixture(scope="module")
+def nano_runner(nano):
+    """An SDPA ModelRunner over the shared nano model."""
+    from wam_diff_core.model.runner import ModelRunner
+
+    return ModelRunner(nano.model, "sdpa")

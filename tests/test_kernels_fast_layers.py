@@ -11,26 +11,14 @@ from kernels.graph_runner import GraphRunner, forward_static
 from kernels.ladder import launch_count
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
-from wam_diff_core.model.runner import ModelRunner
-from wam_diff_core.prompts import chat_prompt, planning_prompt, qa_prompt
-from wam_diff_core.types import EgoState
 
-PROMPTS = [
-    (chat_prompt(planning_prompt(EgoState(vx=6.5, ax=0.3), "turn left"), 1), 1),
-    (chat_prompt(qa_prompt("Is the left lane free?"), 0), 0),
-]
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one CPU thread for the module
 
 
 @pytest.fixture(scope="module")
-def runner(nano):
-    return ModelRunner(nano.model, "sdpa")
-
-
-@pytest.fixture(scope="module")
-def padded(nano, camera_image):
-    return nano.processor.encode([p for p, _ in PROMPTS], [[camera_image] * n for _, n in PROMPTS])
+def padded(two_prompts, encode_prompts):
+    return encode_prompts(two_prompts)
 
 
 def _cfg(B, K, **kw):
@@ -46,38 +34,38 @@ def test_rms_norm_is_the_models_rmsnorm(nano, dtype):
                           atol=1e-6 if dtype == torch.float32 else 1e-2)
 
 
-def test_one_static_forward_matches_the_models_layers(nano, runner, padded):
+def test_one_static_forward_matches_the_models_layers(nano, nano_runner, padded):
     """Hidden states of one block step through both layer stacks, from the same static cache state."""
     cfg = _cfg(32, 4)
-    static = GraphRunner(runner, nano.settings.mask_token_id)
+    static = GraphRunner(nano_runner, nano.settings.mask_token_id)
     static.generate(padded, cfg, nano.settings.eos_token_id)
     st = next(iter(static.buckets.values())).state
-    rope = runner.rope(st.pos)
+    rope = nano_runner.rope(st.pos)
     with torch.inference_mode():
-        want = forward_static(runner, st.x, rope, st.cache, st.cache.begin(st.plain_limits))
+        want = forward_static(nano_runner, st.x, rope, st.cache, st.cache.begin(st.plain_limits))
         got = FastTextLayers(nano.model).forward(st.x, rope, st.cache, st.cache.begin(st.plain_limits))
     scale = want.abs().max().item()
     assert (got - want).abs().max().item() <= 1e-5 * scale
 
 
 @pytest.mark.parametrize("B,K", [(4, 4), (32, 8)])
-def test_fast_layers_decode_the_reference_tokens(nano, runner, padded, B, K):
+def test_fast_layers_decode_the_reference_tokens(nano, nano_runner, padded, B, K):
     ids = nano.settings
-    ref = generate(runner, padded, _cfg(B, K), ids.mask_token_id, ids.eos_token_id)
-    fast = GraphRunner(runner, ids.mask_token_id, fast_layers=True)
+    ref = generate(nano_runner, padded, _cfg(B, K), ids.mask_token_id, ids.eos_token_id)
+    fast = GraphRunner(nano_runner, ids.mask_token_id, fast_layers=True)
     assert fast.layers is not None and not fast.layers.compiled
     assert fast.generate(padded, _cfg(B, K), ids.eos_token_id).token_ids == ref.token_ids
 
 
-def test_fast_layers_run_about_half_the_operations_per_layer(nano, runner, padded):
+def test_fast_layers_run_about_half_the_operations_per_layer(nano, nano_runner, padded):
     """The point of the fast layers: a captured GPU step pays a few microseconds per kernel (H200, v32).
     Counted here as top-level ATen operations per forward (nano: 4 layers): 244 -> 132 when measured."""
-    static = GraphRunner(runner, nano.settings.mask_token_id)
+    static = GraphRunner(nano_runner, nano.settings.mask_token_id)
     static.generate(padded, _cfg(32, 4), nano.settings.eos_token_id)
     st = next(iter(static.buckets.values())).state
-    rope = runner.rope(st.pos)
+    rope = nano_runner.rope(st.pos)
     fast = FastTextLayers(nano.model)
-    model_ops = launch_count(lambda: forward_static(runner, st.x, rope, st.cache, st.cache.begin(st.plain_limits)), CPU)
+    model_ops = launch_count(lambda: forward_static(nano_runner, st.x, rope, st.cache, st.cache.begin(st.plain_limits)), CPU)
     fast_ops = launch_count(lambda: fast.forward(st.x, rope, st.cache, st.cache.begin(st.plain_limits)), CPU)
     layers = len(fast.layers)
     assert (model_ops - 2) / layers >= 55 and (fast_ops - 2) / layers <= 35, (model_ops, fast_ops)
@@ -96,11 +84,11 @@ def test_fast_layers_refuse_a_model_they_do_not_implement(nano):
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("cc") is None,
                     reason="torch.compile on a CPU needs a C++ compiler")
-def test_compiled_fast_layers_decode_the_reference_tokens(nano, runner, padded):
+def test_compiled_fast_layers_decode_the_reference_tokens(nano, nano_runner, padded):
     """torch.compile of the two pure parts of a layer (one compiled graph serves every layer)."""
     ids = nano.settings
     cfg = DecoderConfig(block_size=8, steps=2, strategy="low_confidence_static", max_new_tokens=8, ignore_eos=True)
-    ref = generate(runner, padded, cfg, ids.mask_token_id, ids.eos_token_id)
-    compiled = GraphRunner(runner, ids.mask_token_id, compile_layers=True)
+    ref = generate(nano_runner, padded, cfg, ids.mask_token_id, ids.eos_token_id)
+    compiled = GraphRunner(nano_runner, ids.mask_token_id, compile_layers=True)
     assert compiled.layers.compiled
     assert compiled.generate(padded, cfg, ids.eos_token_id).token_ids == ref.token_ids

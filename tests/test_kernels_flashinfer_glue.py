@@ -25,8 +25,6 @@ from kernels.graph_runner import GraphRunner
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
 from wam_diff_core.model.runner import ModelRunner
-from wam_diff_core.prompts import chat_prompt, planning_prompt, qa_prompt
-from wam_diff_core.types import EgoState
 
 
 def _attend(q, k, v, mask, scale):
@@ -90,10 +88,6 @@ def _single_prefill(q, k, v, custom_mask=None, causal=False, kv_layout="NHD", sm
 
 FAKE = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=_Paged, BlockSparseAttentionWrapper=_BlockSparse,
                              single_prefill_with_kv_cache=_single_prefill)
-PROMPTS = [
-    (chat_prompt(planning_prompt(EgoState(vx=6.5, ax=0.3), "turn left"), 1), 1),
-    (chat_prompt(qa_prompt("Is the left lane free?"), 0), 0),
-]
 
 
 @pytest.fixture(autouse=True)
@@ -109,8 +103,8 @@ def stand_in(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def batch(nano, camera_image):
-    return nano.processor.encode([p for p, _ in PROMPTS], [[camera_image] * n for _, n in PROMPTS])
+def batch(two_prompts, encode_prompts):
+    return encode_prompts(two_prompts)
 
 
 @pytest.mark.parametrize("mode", ["block_sparse", "custom_mask"])

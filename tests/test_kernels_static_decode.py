@@ -8,35 +8,20 @@ from kernels.graph_runner import GraphRunner, generate_static
 from kernels.static_cache import StaticKVCache
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
-from wam_diff_core.model.runner import ModelRunner
-from wam_diff_core.prompts import chat_prompt, planning_prompt, qa_prompt
-from wam_diff_core.types import EgoState
-
-PROMPTS = [
-    (chat_prompt(planning_prompt(EgoState(vx=6.5, ax=0.3), "turn left"), 1), 1),
-    (chat_prompt(qa_prompt("Is the left lane free?"), 0), 0),
-]
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one CPU thread for the module
 
 
 @pytest.fixture(scope="module")
-def runner(nano):
-    return ModelRunner(nano.model, "sdpa")
-
-
-@pytest.fixture(scope="module")
-def batches(nano, camera_image):
-    enc = lambda items: nano.processor.encode([p for p, _ in items], [[camera_image] * n for _, n in items])  # noqa: E731
-    single, padded = enc(PROMPTS[:1]), enc(PROMPTS)
+def batches(two_prompts, encode_prompts):
+    single, padded = encode_prompts(two_prompts[:1]), encode_prompts(two_prompts)
     assert bool(single.attention_mask.all()) and not bool(padded.attention_mask.all())
     return {"single": single, "padded": padded}
 
 
 @pytest.fixture(scope="module")
-def static(runner, nano):
-    return GraphRunner(runner, nano.settings.mask_token_id)
+def static(nano_runner, nano):
+    return GraphRunner(nano_runner, nano.settings.mask_token_id)
 
 
 def _cfg(B, K, strategy, **kw):
@@ -48,9 +33,9 @@ def _cfg(B, K, strategy, **kw):
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static"])
 @pytest.mark.parametrize("K", [2, 4])
 @pytest.mark.parametrize("B", [4, 32])
-def test_static_path_is_token_identical_to_the_reference_decoder(nano, runner, static, batches, B, K, strategy, which):
+def test_static_path_is_token_identical_to_the_reference_decoder(nano, nano_runner, static, batches, B, K, strategy, which):
     batch, cfg = batches[which], _cfg(B, K, strategy)
-    ref = generate(runner, batch, cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
+    ref = generate(nano_runner, batch, cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
     ours = static.generate(batch, cfg, nano.settings.eos_token_id)
     assert ours.token_ids == ref.token_ids
     assert all(len(t) == cfg.max_new_tokens for t in ours.token_ids)
@@ -60,25 +45,25 @@ def test_static_path_is_token_identical_to_the_reference_decoder(nano, runner, s
         assert ours.forwards == ref.forwards
 
 
-def test_sequential_strategy_and_sampling_match_the_reference(nano, runner, static, batches):
+def test_sequential_strategy_and_sampling_match_the_reference(nano, nano_runner, static, batches):
     batch = batches["padded"]
     for cfg in (_cfg(8, 4, "sequential"), _cfg(8, 4, "low_confidence_static", temperature=1.3, seed=7)):
-        ref = generate(runner, batch, cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
+        ref = generate(nano_runner, batch, cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
         assert static.generate(batch, cfg, nano.settings.eos_token_id).token_ids == ref.token_ids
 
 
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static"])
-def test_cosine_schedule_matches_the_reference_and_changes_the_commits(nano, runner, static, batches, strategy):
+def test_cosine_schedule_matches_the_reference_and_changes_the_commits(nano, nano_runner, static, batches, strategy):
     batch = batches["padded"]
     cfg = _cfg(8, 4, strategy, schedule="cosine")
-    ref = generate(runner, batch, cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
+    ref = generate(nano_runner, batch, cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
     assert static.generate(batch, cfg, nano.settings.eos_token_id).token_ids == ref.token_ids
     if strategy == "low_confidence_static":  # random weights: the order of commits changes the tokens
-        linear = generate(runner, batch, _cfg(8, 4, strategy), nano.settings.mask_token_id, nano.settings.eos_token_id)
+        linear = generate(nano_runner, batch, _cfg(8, 4, strategy), nano.settings.mask_token_id, nano.settings.eos_token_id)
         assert linear.token_ids != ref.token_ids
 
 
-def test_eos_stops_after_the_block_holding_it_like_the_reference(nano, runner, static, batches):
+def test_eos_stops_after_the_block_holding_it_like_the_reference(nano, nano_runner, static, batches):
     batch = batches["single"]
     free = static.generate(batch, _cfg(4, 4, "low_confidence_static", max_new_tokens=24), nano.settings.eos_token_id)
     row = free.token_ids[0]
@@ -86,7 +71,7 @@ def test_eos_stops_after_the_block_holding_it_like_the_reference(nano, runner, s
     first = next(i for i in range(8, 12) if row[i] not in row[:i])
     eos = row[first]
     cfg = _cfg(4, 4, "low_confidence_static", max_new_tokens=24, ignore_eos=False)
-    ref = generate(runner, batch, cfg, nano.settings.mask_token_id, eos)
+    ref = generate(nano_runner, batch, cfg, nano.settings.mask_token_id, eos)
     ours = static.generate(batch, cfg, eos)
     assert ours.token_ids == ref.token_ids == [row[:first]]
     assert ours.finished == [True]
@@ -110,7 +95,7 @@ class _SyncCounter:
             monkeypatch.setattr(torch.Tensor, name, wrapped)
 
 
-def test_a_block_makes_no_host_sync_and_a_request_one_per_block(nano, runner, static, batches, monkeypatch):
+def test_a_block_makes_no_host_sync_and_a_request_one_per_block(nano, nano_runner, static, batches, monkeypatch):
     batch, B, K = batches["padded"], 4, 4
     cfg = _cfg(B, K, "low_confidence_dynamic", max_new_tokens=5 * B, ignore_eos=False)
     eos = nano.settings.eos_token_id
@@ -150,19 +135,19 @@ def test_static_cache_writes_at_device_offsets_and_masks_past_each_query_limit()
     assert cache.lens.tolist() == [4, 2]
 
 
-def test_generate_static_drop_in_keeps_one_bucket_per_shape(nano, runner, batches):
+def test_generate_static_drop_in_keeps_one_bucket_per_shape(nano, nano_runner, batches):
     cfg = _cfg(4, 2, "low_confidence_static")
-    first = generate_static(runner, batches["single"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
-    again = generate_static(runner, batches["single"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
+    first = generate_static(nano_runner, batches["single"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
+    again = generate_static(nano_runner, batches["single"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
     assert first.token_ids == again.token_ids
-    gr = graph_runner._RUNNERS[(id(runner), "sdpa", False, nano.settings.mask_token_id)]
+    gr = graph_runner._RUNNERS[(id(nano_runner), "sdpa", False, nano.settings.mask_token_id)]
     assert len(gr.buckets) == 1
     assert gr.captures == 0  # no graphs on a CPU, even if asked for
 
 
-def test_block_size_one_is_delegated_to_the_reference_ar_path(nano, runner, static, batches):
+def test_block_size_one_is_delegated_to_the_reference_ar_path(nano, nano_runner, static, batches):
     cfg = DecoderConfig(block_size=1, steps=1, max_new_tokens=6, ignore_eos=True, cuda_graphs=True)
-    ref = generate(runner, batches["padded"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
+    ref = generate(nano_runner, batches["padded"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
     ours = static.generate(batches["padded"], cfg, nano.settings.eos_token_id)
     assert ours.token_ids == ref.token_ids and ours.forwards == ref.forwards == 6
 
@@ -188,7 +173,7 @@ def test_remask_step_traces_as_one_graph_and_commits_what_eager_commits(strategy
     assert torch.equal(new_x[~masked], x[~masked])  # committed positions never change
 
 
-def test_a_whole_block_traces_as_one_graph_with_the_same_tokens(nano, runner, static, batches, monkeypatch):
+def test_a_whole_block_traces_as_one_graph_with_the_same_tokens(nano, nano_runner, static, batches, monkeypatch):
     """fullgraph tracing of K steps (model layers, static cache, fused commit, remasking): no data-dependent
     Python and no host read anywhere in a block, the property CUDA-graph capture needs."""
     cfg = _cfg(4, 2, "low_confidence_dynamic", max_new_tokens=8)
