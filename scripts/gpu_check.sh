@@ -20,7 +20,10 @@
 # WAM_FLASHINFER_BACKEND=auto is set.
 #
 # Files written (the device tool brings back at most 8): env.txt, jit.log, tests.log, ladder.log,
-# ladder_qwen3-vl-2b.json, ladder_nano.json, summary.txt.
+# summary.txt, tf_<model>.json per TF_MODELS, ladder_<model>.json per LADDERS.
+# Environment: TESTS=all|flashinfer|none (GPU test selection), TF_MODELS (teacher-forced check; default
+# nano), TF_STEPS, LADDERS (default "nano qwen3-vl-2b"; a checkpoint directory works too), LADDER_RUNGS,
+# LADDER_STEPS.
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -101,15 +104,28 @@ else
         > "$OUT/jit.log" 2>&1 &
     JIT_PID=$!
 fi
-# 3. GPU tests that need no FlashInfer: captured SDPA decoding against the eager reference, no host sync
-run_step 150 "$OUT/tests.log" "gpu tests, SDPA + CUDA graphs" -- "${PYTEST[@]}" -k "not flashinfer"
+# 3. GPU tests that need no FlashInfer (captured SDPA decoding against the eager reference, no host sync;
+#    TESTS=all, the default), and the teacher-forced check's variants that need no FlashInfer, per model of
+#    TF_MODELS (kernels.teacher_forced: bf16 steps along a float32 decode)
+TESTS=${TESTS:-all}
+[ "$TESTS" = all ] && run_step 150 "$OUT/tests.log" "gpu tests, SDPA + CUDA graphs" -- "${PYTEST[@]}" -k "not flashinfer"
+TF=($PY -m kernels.teacher_forced --device cuda --dtype bfloat16 --block-size 32 --steps ${TF_STEPS:-4,8})
+tf_name() { basename "$1"; }
+for model in ${TF_MODELS:-nano}; do
+    run_step 60 "$OUT/tests.log" "teacher-forced $model, SDPA variants" -- "${TF[@]}" --model "$model" \
+        --variants sdpa,fast,compiled --out "$OUT/tf_$(tf_name "$model").json"
+done
 if [ -n "$JIT_PID" ]; then
     wait "$JIT_PID"
     step "jit warm-up: exit $?"
     tail -n 6 "$OUT/jit.log" | sed 's/^/    /' >> "$OUT/summary.txt"
 fi
-# 4. FlashInfer tests (kernels already built)
-run_step 90 "$OUT/tests.log" "gpu tests, FlashInfer" -- "${PYTEST[@]}" -k flashinfer
+# 4. FlashInfer tests and the teacher-forced FlashInfer variants (kernels already built)
+[ "$TESTS" != none ] && run_step 90 "$OUT/tests.log" "gpu tests, FlashInfer" -- "${PYTEST[@]}" -k flashinfer
+for model in ${TF_MODELS:-nano}; do
+    run_step 60 "$OUT/tests.log" "teacher-forced $model, FlashInfer variants" -- "${TF[@]}" --model "$model" \
+        --variants flashinfer,flashinfer_graph_plan,flashinfer_fast --append --out "$OUT/tf_$(tf_name "$model").json"
+done
 # 5. the ladders (LADDERS picks which; nano first: its diversified random weights make greedy token
 #    comparisons mean something), AR -> B=32 SDPA eager -> + FlashInfer -> + CUDA graphs, K 8 and 16,
 #    batch 1 and 8
@@ -117,7 +133,7 @@ for model in ${LADDERS:-nano qwen3-vl-2b}; do
     limit=75
     [ "$model" = qwen3-vl-2b ] && limit=240  # includes torch.compile of the compiled_graphs rung
     run_step $limit "$OUT/ladder.log" "ladder $model" -- $PY -m kernels.ladder --model "$model" --device cuda \
-        --dtype bfloat16 --block-size 32 --steps 8,16 --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
-        --out "$OUT/ladder_$model.json"
+        --dtype bfloat16 --block-size 32 --steps ${LADDER_STEPS:-8,16} --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
+        ${LADDER_RUNGS:+--rungs $LADDER_RUNGS} --out "$OUT/ladder_$(tf_name "$model").json"
 done
 step "done"

@@ -183,3 +183,38 @@ def test_jit_warmup_makes_the_backends_own_calls_for_both_module_kinds(monkeypat
     assert calls == [("single", True)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert jit_warmup.main(["--head-dims", "64"]) == 2  # no CUDA: says so and builds nothing
+
+
+def _dropping_keys(n_drop):
+    """A broken paged wrapper: every request misses its last n_drop keys (what a wrong kv length does)."""
+    class Broken(_Paged):
+        def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, *args, **kwargs):
+            super().plan(qo_indptr, kv_indptr, kv_indices, (last_page_len - n_drop).clamp(min=1), *args, **kwargs)
+
+    return Broken
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_teacher_forcing_tells_a_wrong_attention_kernel_from_a_right_one(nano, batch, monkeypatch, broken):
+    """kernels.teacher_forced on float32 with the stand-in: a right kernel follows the reference exactly
+    (every masked position's argmax, logits within float32 rounding); one that drops 8 keys per request
+    flips decisive positions, and its logits are far off."""
+    from kernels.teacher_forced import compare, decode_logged
+
+    if broken:
+        monkeypatch.setattr(FAKE, "BatchPrefillWithPagedKVCacheWrapper", _dropping_keys(8))
+    ids = nano.settings
+    cfg = DecoderConfig(block_size=8, steps=4, strategy="low_confidence_static", max_new_tokens=24, ignore_eos=True)
+    ref, ref_tokens = decode_logged(ModelRunner(nano.model, "sdpa"), ids.mask_token_id, ids.eos_token_id, "sdpa",
+                                    batch, cfg)
+    runner = ModelRunner(copy.deepcopy(nano.model), "sdpa")
+    var, var_tokens = decode_logged(runner, ids.mask_token_id, ids.eos_token_id, "flashinfer", batch, cfg, replay=ref)
+    stats = compare(ref, var)
+    assert stats["steps"] == len(ref.logits) == 4 * 3 and stats["positions"] == 2 * 3 * (8 + 6 + 4 + 2)  # masked before each step
+    assert var_tokens == ref_tokens  # forced: the variant's blocks are the reference's
+    if broken:
+        assert stats["top1_agreement"] < 0.9 and stats["max_margin_at_flip"] > stats["median_reference_margin"]
+        assert stats["max_relative_logit_error"] > 0.1
+    else:
+        assert stats["top1_agreement"] == 1.0 and stats["flips"] == 0 and stats["max_margin_at_flip"] == 0.0
+        assert stats["max_relative_logit_error"] < 1e-4

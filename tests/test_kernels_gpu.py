@@ -136,19 +136,47 @@ def test_flashinfer_prefill_matches_sdpa_on_a_padded_batch(nano, camera_image, m
 
 @needs_flashinfer
 @pytest.mark.parametrize("B,K", [(4, 4), (32, 8)])
-def test_flashinfer_decode_graphs_equal_eager_and_greedy_tokens_equal_sdpa(nano, camera_image, B, K):
+def test_flashinfer_steps_are_as_close_to_float32_as_sdpa_steps_teacher_forced(nano, camera_image, B, K):
+    """Every bf16 step of the FlashInfer decode (its prefill, plain and fused steps; eager and graph-mode
+    plans; the model's layers and the fast ones), teacher-forced along a float32 SDPA decode, against the
+    bf16 SDPA decode's own distance from float32. Greedy tokens cannot judge this: on the H200 (v33) the
+    random nano's free-running bf16 decode agreed on 17-27 % of tokens with FlashInfer and with
+    torch.compiled layers alike. A kernel that drops keys is off by >0.4 of the logits' scale and flips
+    decisive positions (tests/test_kernels_flashinfer_glue.py)."""
+    from kernels.teacher_forced import compare, decode_logged
+
     ids = nano.settings
     batch, cfg = _batch(nano, camera_image), _cfg(B, K)
-    sdpa_runner = ModelRunner(_model(nano, torch.bfloat16), "sdpa")
-    ref = generate(sdpa_runner, batch, cfg, ids.mask_token_id, ids.eos_token_id)
+    ref, _ = decode_logged(ModelRunner(_model(nano, torch.float32), "sdpa"), ids.mask_token_id, ids.eos_token_id,
+                           "sdpa", batch, cfg)
+    model = _model(nano, torch.bfloat16)
+    stats = {v: compare(ref, decode_logged(ModelRunner(model, "sdpa"), ids.mask_token_id, ids.eos_token_id, v, batch,
+                                           cfg, replay=ref)[0])
+             for v in ("sdpa", "flashinfer", "flashinfer_graph_plan", "flashinfer_fast")}
+    detail = "; ".join(f"{v}: top-1 {r['top1_agreement']:.4f}, rel. error {r['max_relative_logit_error']:.4f}"
+                       for v, r in stats.items())
+    base = stats["sdpa"]
+    for v in ("flashinfer", "flashinfer_graph_plan", "flashinfer_fast"):
+        assert stats[v]["max_relative_logit_error"] <= 1.5 * base["max_relative_logit_error"] + 1e-3, detail
+        assert stats[v]["top1_agreement"] >= base["top1_agreement"] - 0.03, detail
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("B,K", [(4, 4), (32, 8)])
+def test_captured_flashinfer_decode_replays_the_eager_decode_over_graph_mode_plans(nano, camera_image, B, K):
+    """Same kernels, same plans: the captured decode gives exactly the tokens of the eager decode whose
+    FlashInfer plans are made in CUDA-graph mode (plans made outside it may split the keys differently,
+    so their bf16 rounding, and a near-tied random model's greedy tokens, may differ)."""
+    from kernels.teacher_forced import variant_runner
+
+    ids = nano.settings
+    batch, cfg = _batch(nano, camera_image), _cfg(B, K)
     runner = ModelRunner(_model(nano, torch.bfloat16), "sdpa")
-    eager = GraphRunner(runner, ids.mask_token_id, "flashinfer", cuda_graphs=False).generate(batch, cfg, ids.eos_token_id)
+    eager = variant_runner(runner, ids.mask_token_id, "flashinfer_graph_plan", batch, cfg).generate(
+        batch, cfg, ids.eos_token_id)
     graphs = GraphRunner(runner, ids.mask_token_id, "flashinfer", cuda_graphs=True)
     captured = [graphs.generate(batch, cfg, ids.eos_token_id) for _ in range(2)]
-    assert captured[0].token_ids == captured[1].token_ids == eager.token_ids  # same kernels: exactly equal
-    agree = sum(x == y for a, r in zip(eager.token_ids, ref.token_ids) for x, y in zip(a, r))
-    total = sum(len(r) for r in ref.token_ids)
-    assert eager.token_ids == ref.token_ids, f"bf16 FlashInfer vs SDPA eager: {agree}/{total} tokens agree"
+    assert captured[0].token_ids == captured[1].token_ids == eager.token_ids
 
 
 def test_captured_decode_under_the_trajectory_grammar_matches_the_eager_reference_on_cuda(nano, camera_image):
@@ -222,36 +250,6 @@ def test_flashinfer_prefill_writes_the_kv_cache_sdpa_writes(nano, camera_image, 
     detail = ", ".join(f"layer {i}: sdpa {a:.4f} flashinfer {b:.4f}" for i, (a, b) in
                        enumerate(zip(errs["sdpa"], errs["flashinfer"])))
     assert all(f <= 2 * s_ + 2e-3 for s_, f in zip(errs["sdpa"], errs["flashinfer"])), detail
-
-
-@needs_flashinfer
-@pytest.mark.parametrize("B,K", [(4, 4), (32, 8)])
-def test_flashinfer_block_steps_after_an_sdpa_prefill_decode_the_static_sdpa_tokens(nano, camera_image, B, K):
-    """The block steps alone: both runners prefill with SDPA, then decode with SDPA or FlashInfer steps."""
-    from kernels.flashinfer_attention import use_flashinfer
-    from wam_diff_core.attention.backends import use_backend
-
-    ids = nano.settings
-    batch, cfg = _batch(nano, camera_image), _cfg(B, K)
-    out = {}
-    for attention in ("sdpa", "flashinfer"):
-        runner = ModelRunner(_model(nano, torch.bfloat16), "sdpa")
-        static = GraphRunner(runner, ids.mask_token_id, attention, cuda_graphs=False)
-        prefill = runner.prefill
-
-        def sdpa_prefill(*args, _prefill=prefill, _runner=runner, _attention=attention):
-            use_backend(_runner.model, "sdpa")
-            try:
-                return _prefill(*args)
-            finally:
-                if _attention == "flashinfer":
-                    use_flashinfer(_runner.model)
-
-        runner.prefill = sdpa_prefill
-        out[attention] = static.generate(batch, cfg, ids.eos_token_id).token_ids
-    agree = sum(x == y for a, r in zip(out["flashinfer"], out["sdpa"]) for x, y in zip(a, r))
-    total = sum(len(r) for r in out["sdpa"])
-    assert out["flashinfer"] == out["sdpa"], f"{agree}/{total} tokens agree"
 
 
 @needs_flashinfer
