@@ -6,6 +6,7 @@
   captured as one CUDA graph per (batch, B) bucket on CUDA, run eagerly on a CPU;
 - `flashinfer_attention`: the FlashInfer attention backend (GPU only, imported lazily);
 - `ladder`: the speed ladder (AR -> B = 32 SDPA eager -> + FlashInfer -> + CUDA graphs).
+- `teacher_forced`: bf16 variants' steps along a float32 decode (the correctness check of a kernel change).
 
 Importing this package never imports flashinfer or touches CUDA: the probes below only look.
 """

@@ -1,11 +1,12 @@
 """FlashInfer attention backend for the Qwen3-VL text layers (GPU only; flashinfer imported lazily).
 
 Written against FlashInfer's Python API (flashinfer-python 0.7.0: BatchPrefillWithPagedKVCacheWrapper,
-BlockSparseAttentionWrapper, single_prefill_with_kv_cache). One H200 run (thirty-second session,
-kernels/results/h200_v32/): a block step equals SDPA over the static mask (2B shapes), the prefill gives
-SDPA's last logits, a block makes no host sync, but a whole decode on nano does not give SDPA's tokens:
-OPEN. tests/test_kernels_gpu.py now checks the step at nano's shapes, the prefill K/V per layer, the
-steps after an SDPA prefill and one step inside the model layer by layer, to say which part is wrong.
+BlockSparseAttentionWrapper, single_prefill_with_kv_cache). Checked on an H200 (thirty-third session,
+kernels/results/h200_v33/): a block step equals SDPA over the static mask (2B and nano shapes), the prefill
+writes SDPA's K/V and gives its last logits, a block makes no host sync, teacher-forced along a float32
+decode (`kernels.teacher_forced`) every bf16 step is as close to float32 as bf16 SDPA's, and the captured
+decode replays the eager one. (Greedy tokens of a random model differ from SDPA's after a few steps, as
+those of torch.compiled layers do: near-tied logits, not a wrong kernel.)
 
 Registered with transformers' AttentionInterface as "wam_flashinfer" (registration needs no
 flashinfer; a call does, and raises naming what is missing). What it computes depends on the spec:

@@ -19,10 +19,11 @@ A bucket is (batch, B, K, capacity, remasking settings). Its buffers live as lon
 a graph captured once keeps pointing at them: a block is run by refreshing the inputs in place
 (positions, FlashInfer plans, outside the graph) and replaying.
 
-On an H200 (thirty-second session, kernels/results/h200_v32/): with SDPA attention the captured decode
-is token-identical to the eager reference and a block makes no host sync; with FlashInfer attention a
-whole decode does NOT yet give SDPA's tokens (open; README, "GPU fast path"). On a CPU, or with
-`cuda_graphs=False`, the same block function runs eagerly.
+On an H200 (kernels/results/h200_v32/, h200_v33/): with SDPA attention the captured decode is
+token-identical to the eager reference and a block makes no host sync; with FlashInfer attention the
+captured decode replays the eager one over the same (graph-mode) plans, and its bf16 steps are as close to
+float32 as SDPA's (README, "GPU fast path"). On a CPU, or with `cuda_graphs=False`, the same block
+function runs eagerly.
 """
 from __future__ import annotations
 

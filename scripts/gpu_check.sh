@@ -11,8 +11,10 @@
 # models/*/model.safetensors, 30 MB, exceed the tool's 64 MiB, so move them out of the tree for the call;
 # nothing here reads them). Steps are ordered so that what needs no
 # FlashInfer lands first, each under its own time limit, and the ladders write their JSON after every
-# row: a step that runs out of time still leaves what it measured. The limits sum to under 10 min (the
-# first run, v32: 245 s in all, before the fast-layer rungs and tests were added).
+# row: a step that runs out of time still leaves what it measured. The limits sum to under 10 min with one
+# TF_MODELS model (measured: v32 245 s in all; v33 430 s with every step and rung, the nano ladder 78 s and
+# the 2B's 240 s, both cut at their limits only after writing their last row; v33's second run, TESTS=flashinfer
+# and two TF_MODELS and one checkpoint's ladder, 253 s).
 # FlashInfer JIT-compiles its kernels on first use: `python -m kernels.jit_warmup` builds the four
 # modules the backend loads (batch and single prefill, head sizes 64 and 128) in parallel processes,
 # in the background while the SDPA tests run, so no timed run pays for a build. FLASHINFER_CUDA_ARCH_LIST
@@ -108,11 +110,11 @@ fi
 #    TESTS=all, the default), and the teacher-forced check's variants that need no FlashInfer, per model of
 #    TF_MODELS (kernels.teacher_forced: bf16 steps along a float32 decode)
 TESTS=${TESTS:-all}
-[ "$TESTS" = all ] && run_step 150 "$OUT/tests.log" "gpu tests, SDPA + CUDA graphs" -- "${PYTEST[@]}" -k "not flashinfer"
+[ "$TESTS" = all ] && run_step 80 "$OUT/tests.log" "gpu tests, SDPA + CUDA graphs" -- "${PYTEST[@]}" -k "not flashinfer"
 TF=($PY -m kernels.teacher_forced --device cuda --dtype bfloat16 --block-size 32 --steps ${TF_STEPS:-4,8})
 tf_name() { basename "$1"; }
 for model in ${TF_MODELS:-nano}; do
-    run_step 60 "$OUT/tests.log" "teacher-forced $model, SDPA variants" -- "${TF[@]}" --model "$model" \
+    run_step 55 "$OUT/tests.log" "teacher-forced $model, SDPA variants" -- "${TF[@]}" --model "$model" \
         --variants sdpa,fast,compiled --out "$OUT/tf_$(tf_name "$model").json"
 done
 if [ -n "$JIT_PID" ]; then
@@ -121,17 +123,17 @@ if [ -n "$JIT_PID" ]; then
     tail -n 6 "$OUT/jit.log" | sed 's/^/    /' >> "$OUT/summary.txt"
 fi
 # 4. FlashInfer tests and the teacher-forced FlashInfer variants (kernels already built)
-[ "$TESTS" != none ] && run_step 90 "$OUT/tests.log" "gpu tests, FlashInfer" -- "${PYTEST[@]}" -k flashinfer
+[ "$TESTS" != none ] && run_step 70 "$OUT/tests.log" "gpu tests, FlashInfer" -- "${PYTEST[@]}" -k flashinfer
 for model in ${TF_MODELS:-nano}; do
-    run_step 60 "$OUT/tests.log" "teacher-forced $model, FlashInfer variants" -- "${TF[@]}" --model "$model" \
+    run_step 55 "$OUT/tests.log" "teacher-forced $model, FlashInfer variants" -- "${TF[@]}" --model "$model" \
         --variants flashinfer,flashinfer_graph_plan,flashinfer_fast --append --out "$OUT/tf_$(tf_name "$model").json"
 done
 # 5. the ladders (LADDERS picks which; nano first: its diversified random weights make greedy token
 #    comparisons mean something), AR -> B=32 SDPA eager -> + FlashInfer -> + CUDA graphs, K 8 and 16,
 #    batch 1 and 8
 for model in ${LADDERS:-nano qwen3-vl-2b}; do
-    limit=75
-    [ "$model" = qwen3-vl-2b ] && limit=240  # includes torch.compile of the compiled_graphs rung
+    limit=90
+    [ "$model" = qwen3-vl-2b ] && limit=220  # includes torch.compile of the compiled_graphs rung
     run_step $limit "$OUT/ladder.log" "ladder $model" -- $PY -m kernels.ladder --model "$model" --device cuda \
         --dtype bfloat16 --block-size 32 --steps ${LADDER_STEPS:-8,16} --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
         ${LADDER_RUNGS:+--rungs $LADDER_RUNGS} --out "$OUT/ladder_$(tf_name "$model").json"
