@@ -298,17 +298,19 @@ class GraphRunner:
         return DecodeResult(answers, finished, produced, runner.forwards, clock.total())
 
 
-_RUNNERS: dict[tuple[int, str, bool, int], GraphRunner] = {}
+_RUNNERS: dict[tuple[int, str, bool, int, str], GraphRunner] = {}
 
 
 def generate_static(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int,
                     eos_id: int, constraint: Optional[TokenConstraint] = None) -> DecodeResult:
     """Drop-in for the reference `generate` honouring `cfg.backend` ("sdpa" or "flashinfer" attention;
-    "flex" runs the static path with SDPA) and `cfg.cuda_graphs`. Keeps one GraphRunner (and so its
-    buckets and graphs) per (runner, attention, graphs, mask id)."""
+    "flex" runs the static path with SDPA), `cfg.cuda_graphs` and `cfg.text_layers`. Keeps one GraphRunner
+    (and so its buckets and graphs) per (runner, attention, graphs, mask id, text layers)."""
     attention = "flashinfer" if cfg.backend == "flashinfer" else "sdpa"
-    key = (id(runner), attention, bool(cfg.cuda_graphs), mask_id)
+    key = (id(runner), attention, bool(cfg.cuda_graphs), mask_id, cfg.text_layers)
     graph_runner = _RUNNERS.get(key)
     if graph_runner is None or graph_runner.runner is not runner:
-        graph_runner = _RUNNERS[key] = GraphRunner(runner, mask_id, attention, cfg.cuda_graphs)
+        graph_runner = _RUNNERS[key] = GraphRunner(runner, mask_id, attention, cfg.cuda_graphs,
+                                                   fast_layers=cfg.text_layers == "fast",
+                                                   compile_layers=cfg.text_layers == "compiled")
     return graph_runner.generate(batch, cfg, eos_id, constraint)

@@ -92,3 +92,25 @@ def test_compiled_fast_layers_decode_the_reference_tokens(nano, nano_runner, pad
     compiled = GraphRunner(nano_runner, ids.mask_token_id, compile_layers=True)
     assert compiled.layers.compiled
     assert compiled.generate(padded, cfg, ids.eos_token_id).token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("layers", ["fast", "compiled"])
+def test_decoder_config_text_layers_route_the_decode_through_the_static_path(nano, nano_runner, padded, layers,
+                                                                             monkeypatch):
+    """`DecoderConfig(text_layers=...)` (policy, CLI, ROS parameter) decodes on the static path with those
+    layers: one GraphRunner per setting, the reference's tokens ("compiled" is built, not run, here)."""
+    from kernels import graph_runner
+
+    monkeypatch.setattr(graph_runner, "_RUNNERS", {})
+    ids = nano.settings
+    cfg = _cfg(8, 2, text_layers=layers)
+    if layers == "fast":
+        ref = generate(nano_runner, padded, _cfg(8, 2), ids.mask_token_id, ids.eos_token_id)
+        assert generate(nano_runner, padded, cfg, ids.mask_token_id, ids.eos_token_id).token_ids == ref.token_ids
+    else:
+        monkeypatch.setattr(GraphRunner, "generate", lambda self, *a, **k: "static")
+        assert generate(nano_runner, padded, cfg, ids.mask_token_id, ids.eos_token_id) == "static"
+    (runner,) = graph_runner._RUNNERS.values()
+    assert runner.layers is not None and runner.layers.compiled == (layers == "compiled")
+    with pytest.raises(ValueError, match="text_layers 'fused' not in \\('model', 'fast', 'compiled'\\)"):
+        DecoderConfig(text_layers="fused")

@@ -615,6 +615,9 @@ def test_block_size_and_steps_default_to_the_checkpoints_own(nano, tmp_path):
     save_model(fw, tmp_path / "fw")
     assert load_policy(dataclasses.replace(base, model=str(tmp_path / "fw"))).config.forward_only is True
     assert load_policy(dataclasses.replace(base, model=str(tmp_path / "fw"), forward_only="off")).config.forward_only is False
+    assert cfg.text_layers == "model"  # the model's own layers unless the parameter names the static path's
+    fast = load_policy(dataclasses.replace(base, model=str(tmp_path / "b16"), text_layers="fast")).config
+    assert fast.text_layers == "fast" and fast.decoder(["planning"]).text_layers == "fast"
 
 
 def test_nano_model_end_to_end_image_in_trajectory_and_answer_out(ros):
@@ -653,3 +656,10 @@ def test_nano_model_end_to_end_image_in_trajectory_and_answer_out(ros):
     assert _ns(future.result().stamp) == _ns(_stamp(77.25))
     node.trigger_deactivate()
     assert node.policy is None
+
+
+def test_unknown_text_layers_fail_configure_naming_them(ros):
+    node = ros.planner(None, autostart=False, text_layers="fused")
+    with pytest.raises(ValueError, match="text_layers must be one of \\['model', 'fast', 'compiled'\\].*'fused'"):
+        node._read_parameters()
+    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE

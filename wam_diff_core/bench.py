@@ -23,6 +23,7 @@ from .decoding.config import DecoderConfig
 from .model.checkpoint import load
 from .model.kv_cache import cache_geometry
 from .model.processor import PromptBatch
+from .model.settings import TEXT_LAYERS
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, planning_prompt
 from .types import EgoState
@@ -50,6 +51,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
     parser.add_argument("--backend", default="sdpa", choices=["sdpa", "flex", "flashinfer"])
     parser.add_argument("--cuda-graphs", default="off", choices=["on", "off"])
+    parser.add_argument("--text-layers", default="model", choices=TEXT_LAYERS,
+                        help="B > 1 rows: the model's text layers, or the static path's fast / compiled ones")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt length for models without a tokenizer")
     parser.add_argument("--repeats", type=int, default=5)
@@ -92,7 +95,8 @@ def measure(runner, loaded, batch: PromptBatch, block_size: int, steps: int, arg
         else:
             cfg = DecoderConfig(block_size=block_size, steps=steps, strategy="low_confidence_static",
                                 max_new_tokens=args.new_tokens, ignore_eos=True, fuse_commit=fuse, backend=args.backend,
-                                cuda_graphs=args.cuda_graphs == "on" and fuse)
+                                cuda_graphs=args.cuda_graphs == "on" and fuse,
+                                text_layers=args.text_layers if fuse else "model")
             res = generate(runner, batch, cfg, settings.mask_token_id, settings.eos_token_id)
         runs.append(res)
     runs = runs[1:]
@@ -152,6 +156,7 @@ def run(args) -> int:
         "dtype": str(dtype).replace("torch.", ""),
         "backend": args.backend,
         "cuda_graphs": args.cuda_graphs,
+        "text_layers": args.text_layers,
         "new_tokens": args.new_tokens,
         "strategy": "low_confidence_static",
         "timing": f"decode phase only (prefill and vision apart), best of {args.repeats} after one warm-up",

@@ -6,6 +6,7 @@ import json
 import numpy as np
 
 from .constants import NAV_COMMANDS
+from .model.settings import TEXT_LAYERS
 from .policy import POLICY_TASKS, DrivingPolicy, PolicyConfig
 from .types import EgoState, check_route_target
 
@@ -20,12 +21,15 @@ def add_policy_arguments(parser) -> None:
     parser.add_argument("--backend", default="sdpa", choices=["sdpa", "flex", "flashinfer"])
     parser.add_argument("--cuda-graphs", choices=["on", "off"], default="off")
     parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--text-layers", default="model", choices=TEXT_LAYERS,
+                        help="text layers: the model's own, or the static path's fast / torch.compiled ones "
+                             "(fixed K per block, no kinematic envelope)")
 
 
 def policy_config(args, tasks=("planning",)) -> PolicyConfig:
     return PolicyConfig(block_size=args.block_size, steps=args.steps, strategy=args.strategy,
                         threshold=args.threshold, backend=args.backend, cuda_graphs=args.cuda_graphs == "on",
-                        max_new_tokens=args.max_new_tokens, tasks=tuple(tasks))
+                        max_new_tokens=args.max_new_tokens, tasks=tuple(tasks), text_layers=args.text_layers)
 
 
 def add_arguments(parser) -> None:

@@ -49,6 +49,7 @@ class PolicyConfig:
     kinematic_envelope: bool = True  # plans inside the kinematic envelope (DecoderConfig.kinematic_envelope)
     schedule: str = "linear"  # commits per denoising step (DecoderConfig.schedule)
     forward_only: bool = False  # the envelope's forward-only bound (DecoderConfig.forward_only)
+    text_layers: str = "model"  # the static path's text layers (DecoderConfig.text_layers)
 
     @classmethod
     def from_settings(cls, settings, **overrides) -> "PolicyConfig":
@@ -72,7 +73,7 @@ class PolicyConfig:
                              threshold=self.threshold, max_new_tokens=budget, temperature=self.temperature,
                              backend=self.backend, cuda_graphs=self.cuda_graphs, number_order=self.number_order,
                              kinematic_envelope=self.kinematic_envelope, schedule=self.schedule,
-                             forward_only=self.forward_only)
+                             forward_only=self.forward_only, text_layers=self.text_layers)
 
 
 def _check_images(images) -> list[np.ndarray]:

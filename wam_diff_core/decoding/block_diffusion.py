@@ -45,12 +45,13 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
              constraint: TokenConstraint | None = None) -> DecodeResult:
     """Decode answers for a batch of prompts (on the runner's device).
 
-    With CUDA graphs or the FlashInfer backend the capture-ready static path in `kernels` decodes
+    With CUDA graphs, the FlashInfer backend or fast text layers the capture-ready static path in `kernels` decodes
     (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
     masks the logits of every step, on either path, and with `cfg.number_order` orders the commits of
     each number's characters; its kinematic envelope, when it has one, applies on this eager path only (the
     static path keeps the per-position grammar)."""
-    if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
+    if (cfg.cuda_graphs or cfg.backend == "flashinfer" or cfg.text_layers != "model") and cfg.fuse_commit \
+            and cfg.block_size > 1:
         from kernels.graph_runner import generate_static
 
         return generate_static(runner, batch, cfg, mask_id, eos_id, constraint)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..attention.backends import BACKENDS
-from ..model.settings import SCHEDULES, STRATEGIES
+from ..model.settings import SCHEDULES, STRATEGIES, TEXT_LAYERS
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,9 @@ class DecoderConfig:
     always spend the whole budget (benchmarks on random weights); number_order: under a constraint that
     knows its chains (the trajectory grammar), commit each number's characters most significant first;
     schedule: how many positions each step commits (`SCHEDULES`, `remasking.masked_after`); forward_only: the
-    kinematic envelope also keeps plans from stepping back along the ego's heading (`envelope.forward_bounds`)."""
+    kinematic envelope also keeps plans from stepping back along the ego's heading (`envelope.forward_bounds`);
+    text_layers: `TEXT_LAYERS`; anything but "model" decodes on the static path (fixed K per block, no
+    kinematic envelope), as CUDA graphs and FlashInfer do."""
 
     block_size: int = 32
     steps: int = 4
@@ -32,6 +34,7 @@ class DecoderConfig:
     kinematic_envelope: bool = True
     schedule: str = "linear"
     forward_only: bool = False
+    text_layers: str = "model"
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -50,6 +53,8 @@ class DecoderConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if self.backend not in BACKENDS + ("flashinfer",):
             raise ValueError(f"backend {self.backend!r} not in {BACKENDS + ('flashinfer',)}")
+        if self.text_layers not in TEXT_LAYERS:
+            raise ValueError(f"text_layers {self.text_layers!r} not in {TEXT_LAYERS}")
 
     @property
     def num_blocks(self) -> int:
