@@ -3,6 +3,9 @@
 #
 #   scripts/gpu_check.sh --fetch-wheels   # on a machine with PyPI access: fetch the wheels into .whl/
 #   scripts/gpu_check.sh OUT_DIR          # on the GPU machine: tests + ladders, results into OUT_DIR
+#   scripts/gpu_check.sh --bf16-model models/nano-s-b32   # a bf16 copy in .gpu_models/ to carry (v33 run 2:
+#       TESTS=flashinfer TF_MODELS="nano .gpu_models/nano-s-b32" LADDERS=.gpu_models/nano-s-b32, carry
+#       [".whl", ".gpu_models"], models/*/model.safetensors and training/results moved out of the tree)
 #
 # The GPU machine has python3 with torch/triton/pytest but no network: the wheels it lacks travel in
 # .whl/ (flashinfer-python 0.7.0 and its one import-time extra, apache-tvm-ffi; transformers at this
@@ -48,7 +51,28 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
     exit 0
 fi
 
-OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR | --fetch-wheels}
+if [ "${1:-}" = "--bf16-model" ]; then
+    # a bfloat16 copy of a checkpoint in .gpu_models/ (ignored; carry it): half the bytes for the device tool's
+    # 64 MiB, for TF_MODELS / LADDERS=.gpu_models/NAME (the checks run in bfloat16; the float32 reference loads
+    # it widened)
+    src=${2:?usage: scripts/gpu_check.sh --bf16-model CHECKPOINT_DIR}
+    dst=.gpu_models/$(basename "$src")
+    grep -qx '/.gpu_models/' .git/info/exclude 2>/dev/null || echo '/.gpu_models/' >> .git/info/exclude
+    rm -rf "$dst" && mkdir -p "$dst" || exit 1
+    find "$src" -maxdepth 1 -type f ! -name model.safetensors ! -name README.md -exec cp {} "$dst/" \;
+    $PY - "$src/model.safetensors" "$dst/model.safetensors" <<'PY' || exit 1
+import sys
+import torch
+from safetensors.torch import load_file, save_file
+weights = load_file(sys.argv[1])
+save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}, sys.argv[2],
+          metadata={"format": "pt"})
+PY
+    du -sh "$dst"
+    exit 0
+fi
+
+OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR | --fetch-wheels | --bf16-model CHECKPOINT_DIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 START=$(date +%s)
