@@ -140,7 +140,7 @@ def test_generate_static_drop_in_keeps_one_bucket_per_shape(nano, nano_runner, b
     first = generate_static(nano_runner, batches["single"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
     again = generate_static(nano_runner, batches["single"], cfg, nano.settings.mask_token_id, nano.settings.eos_token_id)
     assert first.token_ids == again.token_ids
-    gr = graph_runner._RUNNERS[(id(nano_runner), "sdpa", False, nano.settings.mask_token_id)]
+    gr = graph_runner._RUNNERS[(id(nano_runner), "sdpa", False, nano.settings.mask_token_id, "model")]
     assert len(gr.buckets) == 1
     assert gr.captures == 0  # no graphs on a CPU, even if asked for
 
