@@ -229,6 +229,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parser().parse_args(argv)
+    before = None
+    if args.append and Path(args.out).exists():  # checked before any decoding
+        before = json.loads(Path(args.out).read_text())
+        if before.get("model") != args.model:
+            raise SystemExit(f"--append: {args.out} holds model {before.get('model')!r}, not {args.model!r}")
     device = torch.device(args.device)
     loaded = load(args.model, device="cpu", dtype=torch.float32)
     std = args.diversify if args.diversify is not None else (NANO_DIVERSIFY_STD if args.model == "nano" else None)
@@ -240,10 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     result.update(model=args.model, device=str(device), block_size=args.block_size, prompts=batch.batch_size,
                   new_tokens=args.new_tokens, reference="float32, capture-ready decoder, SDPA, eager",
                   strategy="low_confidence_static")
-    if args.append and Path(args.out).exists():
-        before = json.loads(Path(args.out).read_text())
-        if before.get("model") != args.model:
-            raise SystemExit(f"--append: {args.out} holds model {before.get('model')!r}, not {args.model!r}")
+    if before is not None:
         result["rows"] = before["rows"] + result["rows"]
     write_json(result, args.out)
     print(f"wrote {args.out}")
