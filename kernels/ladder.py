@@ -67,20 +67,32 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
-def _rungs(text: str) -> list[str]:
-    names = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [n for n in names if n not in RUNGS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown rungs {bad}; expected a subset of {RUNGS}")
-    return names
+def subset_of(choices, what: str):
+    """An argparse type: a comma-separated, non-empty subset of `choices` (named `what` in the error)."""
+    def parse(text: str) -> list[str]:
+        names = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad}; expected a subset of {tuple(choices)}")
+        return names
+
+    return parse
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels.ladder", description=__doc__.split("\n\n")[0])
+_rungs = subset_of(RUNGS, "rungs")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model, --device, --dtype, --block-size, as the GPU checks take them."""
     p.add_argument("--model", default="nano", help="preset name or local checkpoint directory")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--block-size", type=int, default=32)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kernels.ladder", description=__doc__.split("\n\n")[0])
+    add_model_arguments(p)
     p.add_argument("--steps", type=positive_ints, default=[8, 16])
     p.add_argument("--batch-sizes", type=positive_ints, default=[1, 8])
     p.add_argument("--rungs", type=_rungs, default=list(RUNGS))

@@ -43,7 +43,7 @@ from wam_diff_core.types import EgoState
 
 from . import graph_runner as graph_runner_module
 from .graph_runner import GraphRunner
-from .ladder import diversify, positive_ints, write_json
+from .ladder import add_model_arguments, diversify, positive_ints, subset_of, write_json
 from .remask_ops import remask_step
 
 # variant -> (attention, fast layers, compiled layers, FlashInfer plans made in CUDA-graph mode)
@@ -203,21 +203,13 @@ def _format(row: dict) -> str:
             f"free-running tokens {row['free_running_token_agreement']:.3f}")
 
 
-def _variants(text: str) -> list[str]:
-    names = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [n for n in names if n not in VARIANTS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown variants {bad}; expected a subset of {tuple(VARIANTS)}")
-    return names
+_variants = subset_of(VARIANTS, "variants")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kernels.teacher_forced", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="nano", help="preset name or local checkpoint directory")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    add_model_arguments(p)
     p.add_argument("--variants", type=_variants, default=list(VARIANTS))
-    p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--steps", type=positive_ints, default=[8])
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--diversify", type=float, default=None,
