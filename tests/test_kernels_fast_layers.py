@@ -2,6 +2,7 @@
 on the CPU: same numbers within float32 rounding, the same decoded tokens, fewer ATen operations."""
 import copy
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -94,23 +95,29 @@ def test_compiled_fast_layers_decode_the_reference_tokens(nano, nano_runner, pad
     assert compiled.generate(padded, cfg, ids.eos_token_id).token_ids == ref.token_ids
 
 
-@pytest.mark.parametrize("layers", ["fast", "compiled"])
-def test_decoder_config_text_layers_route_the_decode_through_the_static_path(nano, nano_runner, padded, layers,
-                                                                             monkeypatch):
-    """`DecoderConfig(text_layers=...)` (policy, CLI, ROS parameter) decodes on the static path with those
-    layers: one GraphRunner per setting, the reference's tokens ("compiled" is built, not run, here)."""
+def test_decoder_config_text_layers_pick_the_layers_of_either_path(nano, nano_runner, padded, monkeypatch):
+    """`DecoderConfig(text_layers=...)` (policy, CLI, ROS parameter): the eager decoder (dynamic remasking)
+    runs the fast layers for its steps and restores the runner's own after; with CUDA graphs asked for (the
+    static path; no graphs on a CPU) the GraphRunner gets them. Same tokens as the model's layers."""
     from kernels import graph_runner
+    from kernels.fast_layers import FastTextLayers
 
     monkeypatch.setattr(graph_runner, "_RUNNERS", {})
     ids = nano.settings
-    cfg = _cfg(8, 2, text_layers=layers)
-    if layers == "fast":
-        ref = generate(nano_runner, padded, _cfg(8, 2), ids.mask_token_id, ids.eos_token_id)
-        assert generate(nano_runner, padded, cfg, ids.mask_token_id, ids.eos_token_id).token_ids == ref.token_ids
-    else:
-        monkeypatch.setattr(GraphRunner, "generate", lambda self, *a, **k: "static")
-        assert generate(nano_runner, padded, cfg, ids.mask_token_id, ids.eos_token_id) == "static"
+    dyn = DecoderConfig(block_size=8, steps=4, max_new_tokens=20)
+    ref = generate(nano_runner, padded, dyn, ids.mask_token_id, ids.eos_token_id)
+    calls = []
+    monkeypatch.setattr(FastTextLayers, "forward", lambda self, *a, _f=FastTextLayers.forward: calls.append(1) or _f(self, *a))
+    fast = generate(nano_runner, padded, replace(dyn, text_layers="fast"), ids.mask_token_id, ids.eos_token_id)
+    assert fast.token_ids == ref.token_ids and len(calls) == fast.forwards - 1  # every step but the prefill
+    assert nano_runner.layers is None and not nano_runner._stacks["fast"].compiled
+    static = replace(_cfg(8, 2), text_layers="fast", cuda_graphs=True)
+    assert generate(nano_runner, padded, static, ids.mask_token_id, ids.eos_token_id).token_ids == \
+        generate(nano_runner, padded, _cfg(8, 2), ids.mask_token_id, ids.eos_token_id).token_ids
     (runner,) = graph_runner._RUNNERS.values()
-    assert runner.layers is not None and runner.layers.compiled == (layers == "compiled")
+    assert runner.layers is not None and not runner.layers.compiled
     with pytest.raises(ValueError, match="text_layers 'fused' not in \\('model', 'fast', 'compiled'\\)"):
         DecoderConfig(text_layers="fused")
+    with pytest.raises(ValueError, match="text layers 'fused' not in"):
+        with nano_runner.text_layers("fused"):
+            pass

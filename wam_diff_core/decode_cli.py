@@ -22,8 +22,8 @@ def add_policy_arguments(parser) -> None:
     parser.add_argument("--cuda-graphs", choices=["on", "off"], default="off")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--text-layers", default="model", choices=TEXT_LAYERS,
-                        help="text layers: the model's own, or the static path's fast / torch.compiled ones "
-                             "(fixed K per block, no kinematic envelope)")
+                        help="text layers: the model's own, or kernels.fast_layers' (merged projections, "
+                             "same math; 'compiled': torch.compiled)")
 
 
 def policy_config(args, tasks=("planning",)) -> PolicyConfig:

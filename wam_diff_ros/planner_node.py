@@ -63,9 +63,9 @@ PARAMETERS = {
     "device": ("cpu", "torch device: cpu, cuda, cuda:0, ..."),
     "attention_backend": ("sdpa", "attention backend: sdpa, flex, flashinfer (GPU)"),
     "cuda_graphs": (False, "capture the block decode step as a CUDA graph (GPU only)"),
-    "text_layers": ("model", f"text layers, one of {list(TEXT_LAYERS)}: 'fast' (merged projections) and 'compiled' "
-                             f"(fast + torch.compile) decode on the static path (fixed K per block, no kinematic "
-                             f"envelope); the fastest measured on a GPU: compiled + cuda_graphs"),
+    "text_layers": ("model", f"text layers, one of {list(TEXT_LAYERS)}: the model's own, 'fast' (merged "
+                             f"projections, same math) or 'compiled' (fast + torch.compile); the fastest measured "
+                             f"on a GPU: compiled + cuda_graphs"),
     "block_size": (0, "B: tokens denoised in parallel per block (1 = autoregressive; 0 = the checkpoint's own)"),
     "denoising_steps": (0, "K: denoising steps per block (0 = the checkpoint's own)"),
     "remasking_strategy": ("low_confidence_dynamic", "low_confidence_dynamic, low_confidence_static or sequential"),

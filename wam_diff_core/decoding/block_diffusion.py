@@ -45,16 +45,21 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
              constraint: TokenConstraint | None = None) -> DecodeResult:
     """Decode answers for a batch of prompts (on the runner's device).
 
-    With CUDA graphs, the FlashInfer backend or fast text layers the capture-ready static path in `kernels` decodes
+    With CUDA graphs or the FlashInfer backend the capture-ready static path in `kernels` decodes
     (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
     masks the logits of every step, on either path, and with `cfg.number_order` orders the commits of
     each number's characters; its kinematic envelope, when it has one, applies on this eager path only (the
-    static path keeps the per-position grammar)."""
-    if (cfg.cuda_graphs or cfg.backend == "flashinfer" or cfg.text_layers != "model") and cfg.fuse_commit \
-            and cfg.block_size > 1:
+    static path keeps the per-position grammar). `cfg.text_layers` picks the text layers on either path."""
+    if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
         from kernels.graph_runner import generate_static
 
         return generate_static(runner, batch, cfg, mask_id, eos_id, constraint)
+    with runner.text_layers(cfg.text_layers):
+        return _generate_eager(runner, batch, cfg, mask_id, eos_id, constraint)
+
+
+def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int,
+                    constraint: TokenConstraint | None) -> DecodeResult:
     device = runner.device
     b, prompt_len = batch.input_ids.shape
     B, n_blocks = cfg.block_size, cfg.num_blocks

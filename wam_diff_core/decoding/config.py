@@ -16,8 +16,8 @@ class DecoderConfig:
     knows its chains (the trajectory grammar), commit each number's characters most significant first;
     schedule: how many positions each step commits (`SCHEDULES`, `remasking.masked_after`); forward_only: the
     kinematic envelope also keeps plans from stepping back along the ego's heading (`envelope.forward_bounds`);
-    text_layers: `TEXT_LAYERS`; anything but "model" decodes on the static path (fixed K per block, no
-    kinematic envelope), as CUDA graphs and FlashInfer do."""
+    text_layers: `TEXT_LAYERS`, the text layers of either decode path: the model's own, or
+    kernels.fast_layers' (merged projections; "compiled": their pure parts torch.compiled)."""
 
     block_size: int = 32
     steps: int = 4

@@ -7,11 +7,14 @@
 
 Text-only forwards run the model's own decoder layers (so attention goes through the registered
 block-causal backend) without the outer wrapper's per-call mask and rotary set-up; the rotary
-tables of a block can be computed once and reused over its K steps.
+tables of a block can be computed once and reused over its K steps. Inside `text_layers("fast")` or
+`text_layers("compiled")` they run `kernels.fast_layers` instead (the same math with merged projections;
+built once per kind and kept, with copies of the merged weights).
 """
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 
@@ -19,6 +22,7 @@ from ..attention.backends import BlockSpec, use_backend
 from ..attention.block_mask import PREFIX, prompt_layout
 from .kv_cache import BlockKVCache
 from .processor import PromptBatch
+from .settings import TEXT_LAYERS
 
 
 class ModelRunner:
@@ -29,6 +33,24 @@ class ModelRunner:
         self.text = model.model.language_model
         self.lm_head = model.lm_head
         self.forwards = 0  # model forwards since the last reset (a batched forward counts once)
+        self.layers = None  # another text layer stack for forward_tokens (forward(tokens, rope, cache, spec))
+        self._stacks: dict[str, object] = {}
+
+    @contextlib.contextmanager
+    def text_layers(self, kind: str) -> Iterator[None]:
+        """Run forward_tokens through `kind` (`TEXT_LAYERS`: the model's own, or kernels.fast_layers' plain or
+        torch.compiled) inside the block; the stack in use before is restored after it."""
+        if kind not in TEXT_LAYERS:
+            raise ValueError(f"text layers {kind!r} not in {TEXT_LAYERS}")
+        if kind != "model" and kind not in self._stacks:
+            from kernels.fast_layers import FastTextLayers  # optional package, pure torch
+
+            self._stacks[kind] = FastTextLayers(self.model, compile_layers=kind == "compiled")
+        previous, self.layers = self.layers, self._stacks.get(kind)
+        try:
+            yield
+        finally:
+            self.layers = previous
 
     @property
     def device(self) -> torch.device:
@@ -81,10 +103,12 @@ class ModelRunner:
         """
         k_block, k_kind = cache.stage(q_block, q_kind)
         spec = BlockSpec(full=True) if full else BlockSpec(q_block, q_kind, k_block, k_kind)
+        self.forwards += 1
+        if self.layers is not None:
+            return self.layers.forward(tokens, rope, cache, spec)
         h = self.text.embed_tokens(tokens)
         for layer in self.text.layers:
             h = layer(h, position_embeddings=rope, attention_mask=None, cache=cache, block_spec=spec)
-        self.forwards += 1
         return self.text.norm(h)
 
     @property

@@ -12,7 +12,7 @@ STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 # How many of a block's masked positions each step commits (remasking.masked_after): "linear" spreads them
 # evenly over the K steps; "cosine" (MaskGIT's schedule) commits few in the first steps and more later.
 SCHEDULES = ("linear", "cosine")
-# text layers of the capture-ready static decode path (kernels.graph_runner): the model's own, the fast ones
+# text layers of the decoders (eager and static paths): the model's own, the fast ones
 # (kernels.fast_layers: merged projections, fewer kernels), or those with their pure parts torch.compiled
 TEXT_LAYERS = ("model", "fast", "compiled")
 
