@@ -84,6 +84,7 @@ def test_policy_overrides_decode_block_size_1_with_one_step():
     assert policy_overrides(32, 4) == {"block_size": 32, "steps": 4}
     assert policy_overrides(4, 8) == {"block_size": 4, "steps": 4}   # at most one step per token
     assert policy_overrides(32, None) == {"block_size": 32}          # steps from the checkpoint
+    assert policy_overrides(None, None, text_layers="fast") == {"text_layers": "fast"}
     assert policy_overrides(None, 4) == {"steps": 4}
     assert policy_overrides(None, None, kinematic_envelope=False) == {"kinematic_envelope": False}
     assert policy_overrides(None, None, forward_only=True) == {"forward_only": True}

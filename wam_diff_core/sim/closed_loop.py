@@ -24,7 +24,7 @@ import numpy as np
 
 from ..constants import FRAME_SIZE, JUNCTION_SCENARIOS, NUM_WAYPOINTS, REPLAN_EVERY, WAYPOINT_DT_S
 from ..eval import bench2drive
-from ..model.settings import SCHEDULES, steps_for_block
+from ..model.settings import SCHEDULES, TEXT_LAYERS, steps_for_block
 from ..control import ControllerConfig
 from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes, suite_version
 
@@ -342,9 +342,11 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 # ---------------------------------------------------------------- CLI
 def policy_overrides(block_size: Optional[int], steps: Optional[int], number_order: Optional[bool] = None,
                      kinematic_envelope: Optional[bool] = None, schedule: Optional[str] = None,
-                     forward_only: Optional[bool] = None) -> Optional[dict]:
+                     forward_only: Optional[bool] = None, text_layers: Optional[str] = None) -> Optional[dict]:
     """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
     out = {} if number_order is None else {"number_order": bool(number_order)}
+    if text_layers is not None:
+        out["text_layers"] = text_layers
     if kinematic_envelope is not None:
         out["kinematic_envelope"] = bool(kinematic_envelope)
     if forward_only is not None:
@@ -361,8 +363,8 @@ def policy_overrides(block_size: Optional[int], steps: Optional[int], number_ord
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --block-size, --steps, --number-order, --kinematic-envelope, --forward-only, --schedule: how every
-    suite command runs a learned policy (see `policy_overrides`, `cli_overrides`)."""
+    """--device, --block-size, --steps, --number-order, --kinematic-envelope, --forward-only, --schedule,
+    --text-layers: how every suite command runs a learned policy (see `policy_overrides`, `cli_overrides`)."""
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=None,
                         help="learned policy: decode with this block size (default: the checkpoint's own)")
@@ -380,6 +382,9 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", choices=SCHEDULES, default=None,
                         help="learned policy: how many positions each denoising step commits (default: the "
                              "checkpoint's own, linear when it does not say; wam_diff_core/decoding/remasking.py)")
+    parser.add_argument("--text-layers", choices=TEXT_LAYERS, default=None,
+                        help="learned policy: the model's text layers, or kernels.fast_layers' (the same plans, "
+                             "faster; default: model)")
 
 
 def cli_overrides(args) -> Optional[dict]:
@@ -387,7 +392,7 @@ def cli_overrides(args) -> Optional[dict]:
     order = None if args.number_order is None else args.number_order == "on"
     envelope = None if args.kinematic_envelope is None else args.kinematic_envelope == "on"
     forward = None if args.forward_only is None else args.forward_only == "on"
-    return policy_overrides(args.block_size, args.steps, order, envelope, args.schedule, forward)
+    return policy_overrides(args.block_size, args.steps, order, envelope, args.schedule, forward, args.text_layers)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
