@@ -198,6 +198,25 @@ def test_captured_decode_under_the_trajectory_grammar_matches_the_eager_referenc
     assert not isinstance(parse_trajectory(nano.processor.decode(ref.token_ids[0])), ParseError)
 
 
+@pytest.mark.parametrize("layers", ["fast", "compiled"])
+def test_decoder_config_graphs_and_text_layers_plan_under_the_grammar_as_the_eager_reference(nano, camera_image,
+                                                                                            layers):
+    """What the policy and the planner node ask for (`DecoderConfig(cuda_graphs=True, text_layers=...)`, through
+    `generate`'s dispatch): float32 tokens under the trajectory grammar equal the eager reference's."""
+    import dataclasses
+
+    from wam_diff_core.decoding.constraint import planning_constraint
+
+    runner = ModelRunner(_model(nano, torch.float32), "sdpa")
+    batch, ids = _batch(nano, camera_image), nano.settings
+    fixed = dataclasses.replace(ids, trajectory_format="fixed")
+    grammar = planning_constraint(nano.processor.tokenizer, fixed, ["planning", "qa"], 128, runner.vocab_size, "cuda")
+    cfg = DecoderConfig(block_size=32, steps=4, max_new_tokens=128)
+    ref = generate(runner, batch, cfg, ids.mask_token_id, ids.eos_token_id, grammar)
+    fast = dataclasses.replace(cfg, cuda_graphs=True, text_layers=layers)
+    assert generate(runner, batch, fast, ids.mask_token_id, ids.eos_token_id, grammar).token_ids == ref.token_ids
+
+
 @pytest.mark.parametrize("attention", ["sdpa", pytest.param("flashinfer", marks=needs_flashinfer)])
 def test_a_static_block_makes_no_host_sync_on_cuda(nano, camera_image, attention):
     """Issue 6: nothing inside a block waits for the host. CUDA's sync debug mode turns any synchronising
