@@ -216,7 +216,7 @@ class GraphRunner:
                              f"got {runner.backend!r}")
         self.runner, self.mask_id, self.attention = runner, mask_id, attention
         self.cuda_graphs = bool(cuda_graphs) and runner.device.type == "cuda"
-        self.layers = FastTextLayers(runner.model, compile_layers) if fast_layers or compile_layers else None
+        self.layers = runner.layer_stack("compiled" if compile_layers else "fast" if fast_layers else "model")
         self.buckets: dict[Bucket, _BucketRun] = {}
         self.captures = 0  # buckets captured (each: a first-block and a later-block graph)
         self.replays = 0

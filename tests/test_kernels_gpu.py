@@ -179,10 +179,11 @@ def test_captured_flashinfer_decode_replays_the_eager_decode_over_graph_mode_pla
     assert captured[0].token_ids == captured[1].token_ids == eager.token_ids
 
 
-def test_captured_decode_under_the_trajectory_grammar_matches_the_eager_reference_on_cuda(nano, camera_image):
+def _under_the_grammar(nano, camera_image):
+    """A float32 SDPA runner, the two prompts, the trajectory grammar (planning + QA rows), B = 32, K = 4, and the
+    eager reference decode under it."""
     import dataclasses
 
-    from wam_diff_core.codec import ParseError, parse_trajectory
     from wam_diff_core.decoding.constraint import planning_constraint
 
     runner = ModelRunner(_model(nano, torch.float32), "sdpa")
@@ -190,7 +191,13 @@ def test_captured_decode_under_the_trajectory_grammar_matches_the_eager_referenc
     fixed = dataclasses.replace(ids, trajectory_format="fixed")
     grammar = planning_constraint(nano.processor.tokenizer, fixed, ["planning", "qa"], 128, runner.vocab_size, "cuda")
     cfg = DecoderConfig(block_size=32, steps=4, max_new_tokens=128)
-    ref = generate(runner, batch, cfg, ids.mask_token_id, ids.eos_token_id, grammar)
+    return runner, batch, ids, grammar, cfg, generate(runner, batch, cfg, ids.mask_token_id, ids.eos_token_id, grammar)
+
+
+def test_captured_decode_under_the_trajectory_grammar_matches_the_eager_reference_on_cuda(nano, camera_image):
+    from wam_diff_core.codec import ParseError, parse_trajectory
+
+    runner, batch, ids, grammar, cfg, ref = _under_the_grammar(nano, camera_image)
     graphs = GraphRunner(runner, ids.mask_token_id, "sdpa", cuda_graphs=True)
     first = graphs.generate(batch, cfg, ids.eos_token_id, grammar)
     second = graphs.generate(batch, cfg, ids.eos_token_id, grammar)  # replays with the buffer refreshed
@@ -205,14 +212,7 @@ def test_decoder_config_graphs_and_text_layers_plan_under_the_grammar_as_the_eag
     `generate`'s dispatch): float32 tokens under the trajectory grammar equal the eager reference's."""
     import dataclasses
 
-    from wam_diff_core.decoding.constraint import planning_constraint
-
-    runner = ModelRunner(_model(nano, torch.float32), "sdpa")
-    batch, ids = _batch(nano, camera_image), nano.settings
-    fixed = dataclasses.replace(ids, trajectory_format="fixed")
-    grammar = planning_constraint(nano.processor.tokenizer, fixed, ["planning", "qa"], 128, runner.vocab_size, "cuda")
-    cfg = DecoderConfig(block_size=32, steps=4, max_new_tokens=128)
-    ref = generate(runner, batch, cfg, ids.mask_token_id, ids.eos_token_id, grammar)
+    runner, batch, ids, grammar, cfg, ref = _under_the_grammar(nano, camera_image)
     fast = dataclasses.replace(cfg, cuda_graphs=True, text_layers=layers)
     assert generate(runner, batch, fast, ids.mask_token_id, ids.eos_token_id, grammar).token_ids == ref.token_ids
 

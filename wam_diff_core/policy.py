@@ -49,7 +49,7 @@ class PolicyConfig:
     kinematic_envelope: bool = True  # plans inside the kinematic envelope (DecoderConfig.kinematic_envelope)
     schedule: str = "linear"  # commits per denoising step (DecoderConfig.schedule)
     forward_only: bool = False  # the envelope's forward-only bound (DecoderConfig.forward_only)
-    text_layers: str = "model"  # the static path's text layers (DecoderConfig.text_layers)
+    text_layers: str = "model"  # the decoders' text layers (DecoderConfig.text_layers)
 
     @classmethod
     def from_settings(cls, settings, **overrides) -> "PolicyConfig":

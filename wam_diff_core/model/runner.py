@@ -36,17 +36,22 @@ class ModelRunner:
         self.layers = None  # another text layer stack for forward_tokens (forward(tokens, rope, cache, spec))
         self._stacks: dict[str, object] = {}
 
-    @contextlib.contextmanager
-    def text_layers(self, kind: str) -> Iterator[None]:
-        """Run forward_tokens through `kind` (`TEXT_LAYERS`: the model's own, or kernels.fast_layers' plain or
-        torch.compiled) inside the block; the stack in use before is restored after it."""
+    def layer_stack(self, kind: str):
+        """The text layer stack of `kind` (`TEXT_LAYERS`): None for the model's own, else kernels.fast_layers'
+        (plain or torch.compiled), built on first use and kept (the eager and static decoders share it)."""
         if kind not in TEXT_LAYERS:
             raise ValueError(f"text layers {kind!r} not in {TEXT_LAYERS}")
         if kind != "model" and kind not in self._stacks:
             from kernels.fast_layers import FastTextLayers  # optional package, pure torch
 
             self._stacks[kind] = FastTextLayers(self.model, compile_layers=kind == "compiled")
-        previous, self.layers = self.layers, self._stacks.get(kind)
+        return self._stacks.get(kind)
+
+    @contextlib.contextmanager
+    def text_layers(self, kind: str) -> Iterator[None]:
+        """Run forward_tokens through `layer_stack(kind)` inside the block; the stack in use before is restored
+        after it."""
+        previous, self.layers = self.layers, self.layer_stack(kind)
         try:
             yield
         finally:
