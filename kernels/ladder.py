@@ -237,7 +237,7 @@ class Ladder:
                     if reference and "tokens_per_s" in reference and "tokens_per_s" in row:
                         row["speedup_vs_sdpa_eager"] = row["tokens_per_s"] / reference["tokens_per_s"]
                         row["tokens_match_sdpa_eager"] = row["token_ids"] == reference["token_ids"]
-                        row["token_agreement"] = _agreement(row["token_ids"], reference["token_ids"])
+                        row["token_agreement"] = token_agreement(row["token_ids"], reference["token_ids"])
                     print(_format_row(row), flush=True)
                     rows.append(row)
                     self.checkpoint(rows, prefill)
@@ -291,7 +291,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
+def token_agreement(a: list[list[int]], b: list[list[int]]) -> float:
     pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
     return sum(x == y for x, y in pairs) / max(1, len(pairs))
 

@@ -43,7 +43,7 @@ from wam_diff_core.types import EgoState
 
 from . import graph_runner as graph_runner_module
 from .graph_runner import GraphRunner
-from .ladder import add_model_arguments, diversify, positive_ints, subset_of, write_json
+from .ladder import add_model_arguments, diversify, positive_ints, subset_of, token_agreement, write_json
 from .remask_ops import remask_step
 
 # variant -> (attention, fast layers, compiled layers, FlashInfer plans made in CUDA-graph mode)
@@ -141,11 +141,14 @@ def variant_runner(runner: ModelRunner, mask_id: int, variant: str, batch: Promp
 def decode_logged(runner: ModelRunner, mask_id: int, eos_id: int, variant: str, batch: PromptBatch,
                   cfg: DecoderConfig, replay: Optional[StepLog] = None) -> tuple[StepLog, list[list[int]]]:
     """One eager decode of the capture-ready decoder, every step logged (and with `replay`, forced)."""
-    gr = variant_runner(runner, mask_id, variant, batch, cfg)
     log = StepLog()
-    with recording(log, replay):
-        result = gr.generate(batch, cfg, eos_id)
-    use_backend(runner.model, "sdpa")
+    try:
+        gr = variant_runner(runner, mask_id, variant, batch, cfg)
+        with recording(log, replay):
+            result = gr.generate(batch, cfg, eos_id)
+    finally:  # the runner goes back to SDPA, ready for the next variant
+        use_backend(runner.model, "sdpa")
+        runner.backend = "sdpa"
     return log, result.token_ids
 
 
@@ -166,32 +169,24 @@ def run(loaded, batch: PromptBatch, device: torch.device, dtype: torch.dtype, va
     ref_model = copy.deepcopy(loaded.model).to(device=device, dtype=torch.float32)
     var_model = copy.deepcopy(loaded.model).to(device=device, dtype=dtype)
     s = loaded.settings
+    ref_runner, var_runner = ModelRunner(ref_model, "sdpa"), ModelRunner(var_model, "sdpa")  # one layer stack each
     rows = []
     for K in steps:
         cfg = DecoderConfig(block_size=block_size, steps=K, strategy="low_confidence_static",
                             max_new_tokens=new_tokens, ignore_eos=True)
-        ref, ref_tokens = decode_logged(ModelRunner(ref_model, "sdpa"), s.mask_token_id, s.eos_token_id, "sdpa",
-                                        batch, cfg)
+        ref, ref_tokens = decode_logged(ref_runner, s.mask_token_id, s.eos_token_id, "sdpa", batch, cfg)
         for variant in variants:
             row = {"K": K, "variant": variant, "dtype": str(dtype).replace("torch.", "")}
             try:
-                var, _ = decode_logged(ModelRunner(var_model, "sdpa"), s.mask_token_id, s.eos_token_id, variant,
-                                       batch, cfg, replay=ref)
+                var, _ = decode_logged(var_runner, s.mask_token_id, s.eos_token_id, variant, batch, cfg, replay=ref)
                 row.update(compare(ref, var))
-                free, free_tokens = decode_logged(ModelRunner(var_model, "sdpa"), s.mask_token_id, s.eos_token_id,
-                                                  variant, batch, cfg)
-                row["free_running_token_agreement"] = _agreement(free_tokens, ref_tokens)
+                free, free_tokens = decode_logged(var_runner, s.mask_token_id, s.eos_token_id, variant, batch, cfg)
+                row["free_running_token_agreement"] = token_agreement(free_tokens, ref_tokens)
             except Exception as exc:  # one failing variant must not end the check
                 row["error"] = f"{type(exc).__name__}: {exc}"
-            use_backend(var_model, "sdpa")
             progress(_format(row))
             rows.append(row)
     return {"rows": rows}
-
-
-def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
-    return sum(x == y for x, y in pairs) / len(pairs) if pairs else 1.0
 
 
 def _format(row: dict) -> str:
