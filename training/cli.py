@@ -5,7 +5,8 @@
   wam-diff-train distill --config ... --teacher CKPT --teacher-block-size 16 --student CKPT --block-size 32
   wam-diff-train plot    --out runs/x            (loss curve of every stage: PNG + JSON)
   wam-diff-train eval    --model CKPT --data VAL.json --steps 8     (decode + score a split)
-  wam-diff-train speed   --init CKPT --data D --block-sizes 1,32   (seconds per optimizer step)
+  wam-diff-train speed   --init CKPT --data D --block-sizes 1,32 [--variants float32,bf16+compile+clean]
+                         [--teacher CKPT]   (seconds per optimizer step)
   wam-diff-train recipe  training/recipes/nano_s_b32.yaml [--resume]  (a model card's commands, timed)
   wam-diff-train average A B [C ...] --out DST [--weights 0.5,0.5]   (parameter average of one lineage)
   wam-diff-train provenance RUN_A RUN_B     (which recorded input or step output differs between two runs)
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="set the default commit schedule per denoising step (default: kept)")
     ex.add_argument("--forward-only", choices=("on", "off"), default=None,
                     help="set whether the kinematic envelope keeps plans from stepping back (default: kept)")
-    speed = sub.add_parser("speed", help="seconds per optimizer step at several block sizes (table + JSON)")
+    speed = sub.add_parser("speed", help="seconds per optimizer step by block size and step variant (table + JSON)")
     speed.add_argument("--init", default="nano", help="checkpoint directory or preset")
     speed.add_argument("--data", action="append", required=True, help="dataset file (repeatable)")
     speed.add_argument("--block-sizes", default="1,32")
@@ -99,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_argument("--batch-size", type=int, default=8)
     speed.add_argument("--device", default="cpu")
     speed.add_argument("--threads", type=int)
+    speed.add_argument("--variants", default="float32",
+                       help="comma-separated: float32, or '+'-joined switches bf16, compile, clean (training/speed.py)")
+    speed.add_argument("--teacher", help="distil B > 1 from this checkpoint (the distillation step)")
+    speed.add_argument("--teacher-block-size", type=int, default=1)
     speed.add_argument("--json", help="write the result here")
     avg = sub.add_parser("average", help="weighted parameter average of checkpoints of one lineage (a model soup)")
     avg.add_argument("sources", nargs="+", help="checkpoint directories (two or more)")

@@ -16,6 +16,7 @@ A batch built with `with_noisy=False` is `[prefix | response]`: the B = 1 layout
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
@@ -111,6 +112,18 @@ def collate(items: Sequence[Union[Example, BadSample]], pad_id: int, with_noisy:
         occupancy=batch_occupancy(good),
         chain_start=chain_starts(good),
     )
+
+
+def without_noisy(batch: TrainBatch, input_ids: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:
+    """The `[prefix | clean]` view of a `[prefix | clean | noisy]` batch and of its (corrupted) `input_ids`: what a
+    B = 1 reader needs (its logits come from the clean copy, which never attends to the noisy one). Each row is
+    cut at the longest prefix + response; a shorter row's noisy tokens past its end fall into padding (kind PAD)."""
+    if not batch.with_noisy:
+        return batch, input_ids
+    width = int((batch.prefix_len + batch.response_len).max())
+    view = dataclasses.replace(batch, input_ids=batch.input_ids[:, :width],
+                               mm_token_type_ids=batch.mm_token_type_ids[:, :width], with_noisy=False)
+    return view, input_ids[:, :width]
 
 
 def chain_starts(examples: Sequence[Example]) -> torch.Tensor:

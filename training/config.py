@@ -68,7 +68,9 @@ class TrainConfig:
     backend: str = "sdpa"  # text attention backend: sdpa | flex
     device: str = "auto"  # auto (cuda if present) | cpu | cuda
     threads: Optional[int] = None  # torch CPU threads per process (default: torch's own choice)
-    bf16: bool = True  # bf16 autocast on GPU (ignored on CPU)
+    bf16: bool = True  # bf16 autocast on GPU
+    cpu_bf16: bool = False  # bf16 autocast on the CPU too (training/precision.py; AMX / AVX-512 BF16 CPUs)
+    compile: bool = False  # torch.compile the text layers for the steps (training/compiled.py)
     parallel: str = "ddp"  # ddp | fsdp2 (under torchrun)
     log_every: int = 1
     save_every: int = 200  # optimizer steps between resumable checkpoints
@@ -88,6 +90,10 @@ class DistillConfig:
     chunk_size: int = 1024  # rows per divergence chunk (full vocabulary each)
     on_policy_every: int = 0  # > 0: every N steps the student generates the responses it is trained on
     on_policy_steps: Optional[int] = None  # decoder steps K for on-policy generation (default B)
+    # an AR teacher (teacher_block_size 1) reads [prefix | clean] alone: its logits come from the clean copy,
+    # which never attends to the noisy one (same logits within float rounding, about 1.5x less teacher work);
+    # off by default so that earlier recipes rebuild their stages bit for bit
+    ar_teacher_clean_only: bool = False
 
 
 @dataclass

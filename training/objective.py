@@ -15,7 +15,7 @@ from torch import nn
 
 from wam_diff_core.attention.backends import BlockSpec
 
-from .collate import Corruption, Layout, TrainBatch, corrupt, layout, positions
+from .collate import Corruption, Layout, TrainBatch, corrupt, layout, positions, without_noisy
 from .losses import diffusion_ce, divergence, top_k_agreement
 from .perception import occupancy_loss
 
@@ -103,21 +103,27 @@ def distill_loss(module, model, teacher, batch: TrainBatch, block_size: int, tea
                  generator: Optional[torch.Generator] = None, t_min: float = 0.05, t_max: float = 1.0,
                  ratio: float = 1.0, kind: str = "jsd", beta: float = 0.5, temperature: float = 1.0,
                  chunk_size: int = 1024, force_t: Optional[float] = None, occupancy_weight: float = 0.0,
-                 chain_share: float = 0.0) -> StepOutput:
+                 chain_share: float = 0.0, teacher_clean_only: bool = False) -> StepOutput:
     """(1 - ratio) CE + ratio divergence(student, teacher) over the masked response tokens.
 
     Teacher and student read the same corrupted sequence; each uses its own block size for the block
     ids and for which copy predicts a token (the teacher with a smaller block sees more clean context).
+    `teacher_clean_only`: a B = 1 teacher reads `[prefix | clean]` alone (`collate.without_noisy`).
     """
     lay = layout(batch, block_size)
-    t_lay = layout(batch, teacher_block_size)
     pos = positions(batch, model)
     cor = corrupt(batch, lay, mask_id, generator, t_min, t_max, force_t, chain_share)
     row_b, row_k = masked_rows(cor)
     logits, occ = _split(run_logits(module, model, batch, lay, cor.input_ids, pos, row_b, row_k))
     with torch.no_grad():
-        t_pos = pos if teacher is model else positions(batch, teacher)
-        t_logits = run_logits(SelectedLogits(teacher), teacher, batch, t_lay, cor.input_ids, t_pos, row_b, row_k)
+        if teacher_clean_only and teacher_block_size == 1:  # its logits come from the clean copy alone
+            t_batch, t_ids = without_noisy(batch, cor.input_ids)
+            t_pos = positions(t_batch, teacher)
+        else:
+            t_batch, t_ids = batch, cor.input_ids
+            t_pos = pos if teacher is model else positions(batch, teacher)
+        t_lay = layout(t_batch, teacher_block_size)
+        t_logits = run_logits(SelectedLogits(teacher), teacher, t_batch, t_lay, t_ids, t_pos, row_b, row_k)
     if t_logits.shape[-1] != logits.shape[-1]:
         raise ValueError(f"teacher vocabulary {t_logits.shape[-1]} differs from the student's {logits.shape[-1]}")
     n_tokens = lay.valid.sum().clamp(min=1)

@@ -34,6 +34,7 @@ from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
 
 from .collate import TrainBatch, collate
+from .compiled import compiled_layers
 from .config import Config, ConfigError
 from .data import DataError, DrivingDataset, MixSampler, build_datasets, spaced_examples
 from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_model_state, full_optim_state, is_sharded,
@@ -41,6 +42,7 @@ from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
 from .objective import SelectedLogits, diffusion_loss, distill_loss
 from .perception import OccupancyHead
+from .precision import matmul_patch_embed, step_autocast
 from .provenance import stage_inputs
 from .state import MODEL_DIR, STATE_FILE, load_resume, save_model_as, save_resume, set_rng_state
 
@@ -230,6 +232,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     sharded = is_sharded(tc.parallel, ctx)
     if sharded and cfg.distill.on_policy_every > 0 and stage.teacher is not None:
         raise ConfigError("distill.on_policy_every needs whole weights on each process; use train.parallel=ddp")
+    if tc.compile and cfg.distill.on_policy_every > 0 and stage.teacher is not None:
+        raise ConfigError("train.compile compiles the layers for the training forward; distill.on_policy_every "
+                          "decodes with them inside the steps: set one of them off")
 
     device = ctx.device
     if tc.threads:
@@ -244,6 +249,9 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     model = loaded.model
     use_backend(model, tc.backend)
     model.train()
+    cpu_autocast = device.type == "cpu" and tc.cpu_bf16
+    if cpu_autocast:
+        matmul_patch_embed(model)
     mask_id = loaded.settings.mask_token_id
     pad_id = loaded.pad_token_id
 
@@ -254,6 +262,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         teacher = t_loaded.model.eval()
         teacher.requires_grad_(False)
         use_backend(teacher, tc.backend)
+        if cpu_autocast:
+            matmul_patch_embed(teacher)
         teacher_B = teacher_B or t_loaded.settings.trained_block_size
         stage.teacher_block_size = teacher_B  # recorded in run_config.json as used
         if t_loaded.settings.mask_token_id != mask_id:
@@ -325,8 +335,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         collate_fn=_collate_fn(pad_id, stage.with_noisy), num_workers=dc.num_workers,
     )
     batches = iter(loader)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and tc.bf16
-                else contextlib.nullcontext())
+    autocast = step_autocast(device, tc.bf16, tc.cpu_bf16)
     dist_cfg = cfg.distill
     skipped_runtime = 0
     last_good: Optional[TrainBatch] = None
@@ -336,6 +345,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     step = start_step
     t_last, last_log_step = time.perf_counter(), start_step
     stop = StopRequest().__enter__()
+    compiled = compiled_layers(model, teacher, enabled=tc.compile)
+    compiled.__enter__()
     try:
         while step < stop_at:
             stats_acc: dict[str, float] = {}
@@ -369,7 +380,8 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                         out = distill_loss(module, model, teacher, batch, stage.block_size, teacher_B, mask_id, gen,
                                            cfg.noise.t_min, cfg.noise.t_max, 1.0 if on_policy else dist_cfg.ratio,
                                            dist_cfg.divergence, dist_cfg.beta, dist_cfg.temperature, dist_cfg.chunk_size,
-                                           occupancy_weight=pc.occupancy_weight, chain_share=cfg.noise.chain_share)
+                                           occupancy_weight=pc.occupancy_weight, chain_share=cfg.noise.chain_share,
+                                           teacher_clean_only=dist_cfg.ar_teacher_clean_only)
                     (out.loss * (scale / tc.grad_accum)).backward()
                 for k, v in {"loss": out.loss.detach(), **out.stats}.items():
                     stats_acc[k] = stats_acc.get(k, 0.0) + float(v) / tc.grad_accum
@@ -408,6 +420,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                                 model_state)
                 barrier(ctx)
     finally:
+        compiled.__exit__(None, None, None)
         stop.__exit__()
     bar.close()
     if log is not None:
