@@ -26,6 +26,14 @@ def step_autocast(device: torch.device, bf16: bool, cpu_bf16: bool):
     return contextlib.nullcontext()
 
 
+def prepare_models(device: torch.device, cpu_bf16: bool, *models) -> None:
+    """What CPU autocast needs of the step's models (None entries skipped): their patch embeddings as products."""
+    if device.type == "cpu" and cpu_bf16:
+        for model in models:
+            if model is not None:
+                matmul_patch_embed(model)
+
+
 def _patch_embed_as_matmul(self, hidden_states: torch.Tensor) -> torch.Tensor:
     weight = self.proj.weight  # (D, C, T, P, P): one output per patch, the kernel covering the patch
     x = hidden_states.reshape(-1, weight[0].numel()).to(weight.dtype)

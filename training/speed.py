@@ -29,7 +29,7 @@ from .collate import collate
 from .compiled import compiled_layers
 from .data import build_datasets
 from .objective import SelectedLogits, diffusion_loss, distill_loss
-from .precision import matmul_patch_embed, step_autocast
+from .precision import prepare_models, step_autocast
 from .trainer import _load_init, param_groups
 
 SWITCHES = ("bf16", "compile", "clean")
@@ -82,10 +82,7 @@ def measure(init: str, data: list[dict], block_sizes: list[int], steps: int = 10
     for v in variants:  # its own copies: a compiled or patched model never serves another variant
         model = copy.deepcopy(loaded.model).train()
         t_copy = copy.deepcopy(t_model) if t_model is not None else None
-        if v.bf16 and dev.type == "cpu":
-            matmul_patch_embed(model)
-            if t_copy is not None:
-                matmul_patch_embed(t_copy)
+        prepare_models(dev, v.bf16, model, t_copy)
         ctx = compiled_layers(model, t_copy, enabled=v.compile)
         ctx.__enter__()
         optimizer = torch.optim.AdamW(param_groups(model, 1e-5, 1e-6, 0.0), lr=1e-5)

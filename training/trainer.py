@@ -42,7 +42,7 @@ from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
 from .objective import SelectedLogits, diffusion_loss, distill_loss
 from .perception import OccupancyHead
-from .precision import matmul_patch_embed, step_autocast
+from .precision import prepare_models, step_autocast
 from .provenance import stage_inputs
 from .state import MODEL_DIR, STATE_FILE, load_resume, save_model_as, save_resume, set_rng_state
 
@@ -249,9 +249,6 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
     model = loaded.model
     use_backend(model, tc.backend)
     model.train()
-    cpu_autocast = device.type == "cpu" and tc.cpu_bf16
-    if cpu_autocast:
-        matmul_patch_embed(model)
     mask_id = loaded.settings.mask_token_id
     pad_id = loaded.pad_token_id
 
@@ -262,8 +259,6 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
         teacher = t_loaded.model.eval()
         teacher.requires_grad_(False)
         use_backend(teacher, tc.backend)
-        if cpu_autocast:
-            matmul_patch_embed(teacher)
         teacher_B = teacher_B or t_loaded.settings.trained_block_size
         stage.teacher_block_size = teacher_B  # recorded in run_config.json as used
         if t_loaded.settings.mask_token_id != mask_id:
@@ -272,6 +267,7 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
             raise ConfigError(f"teacher {stage.teacher} answers planning in the {t_loaded.settings.trajectory_format!r} "
                               f"trajectory style, the student trains on {style!r}")
 
+    prepare_models(device, tc.cpu_bf16, model, teacher)
     pc = cfg.perception
     head = None
     if pc.occupancy_weight > 0:
