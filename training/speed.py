@@ -12,6 +12,7 @@ ratios; a compiled variant's first step (its compilation) is reported apart and 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import statistics
@@ -78,26 +79,25 @@ def measure(init: str, data: list[dict], block_sizes: list[int], steps: int = 10
     mask_id = loaded.settings.mask_token_id
     ds = build_datasets(data, loaded.processor, 8192, max_response_tokens, "skip")
     pad = loaded.pad_token_id
-    runs = {}
-    for v in variants:  # its own copies: a compiled or patched model never serves another variant
-        model = copy.deepcopy(loaded.model).train()
-        t_copy = copy.deepcopy(t_model) if t_model is not None else None
-        prepare_models(dev, v.bf16, model, t_copy)
-        ctx = compiled_layers(model, t_copy, enabled=v.compile)
-        ctx.__enter__()
-        optimizer = torch.optim.AdamW(param_groups(model, 1e-5, 1e-6, 0.0), lr=1e-5)
-        runs[v.name] = (v, model, t_copy, SelectedLogits(model), optimizer, ctx)
     items = [ds[i % len(ds)] for i in range((warmup + steps) * batch_size)]
     times: dict[tuple[str, int], list[float]] = {(v.name, B): [] for v in variants for B in block_sizes}
     first: dict[tuple[str, int], float] = {}
     tokens: dict[int, int] = {}
-    try:
+    with contextlib.ExitStack() as compiled:  # every variant's layers eager again after, even on an error
+        runs = []
+        for v in variants:  # its own copies: a compiled or patched model never serves another variant
+            model = copy.deepcopy(loaded.model).train()
+            t_copy = copy.deepcopy(t_model) if t_model is not None else None
+            prepare_models(dev, v.bf16, model, t_copy)
+            compiled.enter_context(compiled_layers(model, t_copy, enabled=v.compile))
+            optimizer = torch.optim.AdamW(param_groups(model, 1e-5, 1e-6, 0.0), lr=1e-5)
+            runs.append((v, model, t_copy, SelectedLogits(model), optimizer))
         for i in range(warmup + steps):
             chunk = items[i * batch_size:(i + 1) * batch_size]
             for B in block_sizes:
                 batch = collate(chunk, pad, with_noisy=B > 1).to(dev)
                 tokens[B] = int(batch.input_ids.numel())
-                for v, model, t_copy, module, optimizer, _ in runs.values():
+                for v, model, t_copy, module, optimizer in runs:
                     gen = torch.Generator(device=dev).manual_seed(i)
                     t0 = time.perf_counter()
                     with step_autocast(dev, v.bf16, v.bf16):
@@ -114,9 +114,6 @@ def measure(init: str, data: list[dict], block_sizes: list[int], steps: int = 10
                     first.setdefault((v.name, B), dt)
                     if i >= warmup:
                         times[(v.name, B)].append(dt)
-    finally:
-        for run in runs.values():
-            run[-1].__exit__(None, None, None)
     rows = []
     for B in block_sizes:
         ref = statistics.median(times[(variants[0].name, B)])
