@@ -17,7 +17,9 @@ commits, `wam_diff_core/decoding/remasking.py`), e.g. "(zh) cosine=models/nano-s
 Writes OUT/l2_gap.json, OUT/l2_gap.md (the table), OUT/l2_gap.png (L2 against horizon, 95 % bands) and the
 predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume) with each decode's clock beside them
 (<label>_planning.decode.json: K, tokens, seconds; tokens/s is each model's own pass, one after the other, not
-the report's interleaved speed pass).
+the report's interleaved speed pass). With --by-group also OUT/l2_by_group.{json,md}: each model's mean L2 and
+along-track bias at 4 s per kind of plan (intersection, roundabout, road plans below / above 20 m/s;
+`training.report.groups`) on the same plans.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.report.open_loop import decode_examples, decoder_config, load_split, write_predictions  # noqa: E402
 from training.report.l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth  # noqa: E402
+from training.report import groups as plan_groups  # noqa: E402
 from training.report.spec import slugify  # noqa: E402
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
 from wam_diff_core.model.settings import SCHEDULES, steps_for_block  # noqa: E402
@@ -136,6 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--bound", type=float, default=BOUND, help="relative gap bound (0.05: within 5 %%)")
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="reuse predictions already in OUT/predictions")
+    p.add_argument("--by-group", action="store_true",
+                   help="also write OUT/l2_by_group.{json,md}: L2 and along-track bias per kind of plan")
     args = p.parse_args(argv)
     from wam_diff_core.model.checkpoint import load_model
 
@@ -195,7 +200,21 @@ def main(argv=None) -> int:
     plot(result, out / "l2_gap.png")
     print(table)
     print(f"written: {out / 'l2_gap.json'}, {out / 'l2_gap.md'}, {out / 'l2_gap.png'}")
+    if args.by_group:
+        write_by_group(out, split, truth, rows, ids)
     return 0
+
+
+def write_by_group(out: Path, split: Path, truth: dict, rows: list[dict], ids: list[str]) -> None:
+    kinds = plan_groups.groups_of_split(split)
+    tables = {r["label"]: plan_groups.by_group(truth, plan_groups.plans_by_id(Path(r["predictions"])), kinds, ids)
+              for r in rows}
+    (out / "l2_by_group.json").write_text(json.dumps({"data": str(split), "plans": len(ids), "groups": tables},
+                                                     indent=2) + "\n")
+    table = plan_groups.markdown(tables)
+    (out / "l2_by_group.md").write_text(table)
+    print(table)
+    print(f"written: {out / 'l2_by_group.json'}, {out / 'l2_by_group.md'}")
 
 
 if __name__ == "__main__":
