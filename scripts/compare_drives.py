@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.report import scenario_scores  # noqa: E402
+from training.report.outputs import write_outputs  # noqa: E402
 
 
 _OFFSET = re.compile(r"_s(\d+)$")
@@ -153,14 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="directory for compare.json / .md / .png")
     args = ap.parse_args(argv)
     rows = [row(*load_run(spec)) for spec in args.runs]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown(rows)
-    (out / "compare.json").write_text(json.dumps(rows, indent=2))
-    (out / "compare.md").write_text(table)
-    plot(rows, out / "compare.png")
-    print(table, end="")
-    print(f"written: {out / 'compare.json'}, {out / 'compare.md'}, {out / 'compare.png'}")
+    write_outputs(Path(args.out), "compare", rows, markdown(rows), plot)
     return 0
 
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.report.open_loop import decode_examples, decoder_config, load_split, write_predictions  # noqa: E402
 from training.report.l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth  # noqa: E402
 from training.report import groups as plan_groups  # noqa: E402
+from training.report.outputs import write_outputs  # noqa: E402
 from training.report.spec import slugify  # noqa: E402
 from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
 from wam_diff_core.model.settings import SCHEDULES, steps_for_block  # noqa: E402
@@ -193,13 +194,7 @@ def main(argv=None) -> int:
                            "kinematic_envelope": args.kinematic_envelope == "on",
                            "forward_only": args.forward_only == "on"},
               "models": [r | s for r, s in zip(rows, stats)]}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "l2_gap.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "l2_gap.md").write_text(table)
-    plot(result, out / "l2_gap.png")
-    print(table)
-    print(f"written: {out / 'l2_gap.json'}, {out / 'l2_gap.md'}, {out / 'l2_gap.png'}")
+    write_outputs(out, "l2_gap", result, markdown(result), plot)
     if args.by_group:
         write_by_group(out, split, truth, rows, ids)
     return 0
@@ -209,12 +204,8 @@ def write_by_group(out: Path, split: Path, truth: dict, rows: list[dict], ids: l
     kinds = plan_groups.groups_of_split(split)
     tables = {r["label"]: plan_groups.by_group(truth, plan_groups.plans_by_id(Path(r["predictions"])), kinds, ids)
               for r in rows}
-    (out / "l2_by_group.json").write_text(json.dumps({"data": str(split), "plans": len(ids), "groups": tables},
-                                                     indent=2) + "\n")
-    table = plan_groups.markdown(tables)
-    (out / "l2_by_group.md").write_text(table)
-    print(table)
-    print(f"written: {out / 'l2_by_group.json'}, {out / 'l2_by_group.md'}")
+    write_outputs(out, "l2_by_group", {"data": str(split), "plans": len(ids), "groups": tables},
+                  plan_groups.markdown(tables))
 
 
 if __name__ == "__main__":

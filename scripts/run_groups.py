@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training.report.outputs import write_outputs  # noqa: E402
 from training.report.permutation import exact_test, group_stats  # noqa: E402
 
 METRICS = ("l2_mean",)  # per-model numbers of l2_gap.json a group can be compared on
@@ -103,14 +104,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"need at least two groups, got {len(args.groups)}")
     groups = [parse_group(spec, models) for spec in args.groups]
     result = {"results": str(path)} | compare_groups(models, groups, args.metric)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "run_groups.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "run_groups.md").write_text(table)
-    plot(result, out / "run_groups.png")
-    print(table)
-    print(f"written: {out / 'run_groups.json'}, {out / 'run_groups.md'}, {out / 'run_groups.png'}")
+    write_outputs(Path(args.out), "run_groups", result, markdown(result), plot)
     return 0
 
 
