@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.report.open_loop import decode_examples, decoder_config, load_split, write_predictions  # noqa: E402
-from training.report.l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth  # noqa: E402
+from training.report.l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth, plans_by_id  # noqa: E402
 from training.report import groups as plan_groups  # noqa: E402
 from training.report.outputs import write_outputs  # noqa: E402
 from training.report.spec import slugify  # noqa: E402
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
 
 def write_by_group(out: Path, split: Path, truth: dict, rows: list[dict], ids: list[str]) -> None:
     kinds = plan_groups.groups_of_split(split)
-    tables = {r["label"]: plan_groups.by_group(truth, plan_groups.plans_by_id(Path(r["predictions"])), kinds, ids)
+    tables = {r["label"]: plan_groups.by_group(truth, plans_by_id(Path(r["predictions"]))[0], kinds, ids)
               for r in rows}
     write_outputs(out, "l2_by_group", {"data": str(split), "plans": len(ids), "groups": tables},
                   plan_groups.markdown(tables))

@@ -52,7 +52,7 @@ def compare_groups(models: dict, groups: list[tuple[str, list[str]]], metric: st
 def markdown(result: dict) -> str:
     lines = [f"{result['metric']} per group of runs; each later group against {result['reference']} (exact "
              "permutation test over all splits of the pooled runs)", "",
-             "| group | runs | mean | min - max | sd | difference | p (one-sided, above) | p (two-sided) | runs |",
+             "| group | runs | mean | min - max | sd | difference | p (one-sided, above) | p (two-sided) | values |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for g in result["groups"]:
         t = g.get("test")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from training.report import groups
+from training.report.l2_gap import plans_by_id
 from wam_diff_core.codec import format_trajectory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +73,8 @@ def test_l2_gap_by_group_writes_the_table_from_saved_predictions(tmp_path):
     rows = [{"id": i, "text": format_trajectory(t + [0.0, 1.0])} for i, t in truth.items() if i != "h2"]  # 1 m left
     rows.append({"id": "h2", "text": "garbage"})  # unparsable: left out of the plans every model parses
     pred.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert set(groups.plans_by_id(pred)) == set(PLANS) - {"h2"}
+    plans, invalid = plans_by_id(pred)
+    assert set(plans) == set(PLANS) - {"h2"} and invalid == ["h2"]
     gap.write_by_group(tmp_path, split, truth, [{"label": "m", "predictions": str(pred)}], ["i0", "r0", "h0", "h1"])
     saved = json.loads((tmp_path / "l2_by_group.json").read_text())
     assert saved["plans"] == 4 and saved["groups"]["m"]["all"]["l2_mean"] == pytest.approx(1.0)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from wam_diff_core.codec import ParseError, parse_trajectory
 
 JUNCTIONS = ("intersection", "roundabout")
 SPEED_SPLIT_MPS = 20.0  # road plans below / at or above this forward speed (m/s)
@@ -41,21 +40,9 @@ def groups_of_split(split: Path) -> dict:
             for s in json.loads(Path(split).read_text()) if s.get("task") == "planning"}
 
 
-def plans_by_id(predictions: Path) -> dict:
-    """id -> (NUM_WAYPOINTS, 2) plan of every parsable prediction of an OUT/predictions/*_planning.jsonl."""
-    plans = {}
-    for line in Path(predictions).read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            plan = parse_trajectory(row["text"])
-            if not isinstance(plan, ParseError):
-                plans[row["id"]] = np.asarray(plan, dtype=float)
-    return plans
-
-
 def by_group(truth: dict, plans: dict, groups: dict, ids: list[str]) -> dict:
     """group -> {"plans", "l2_mean", "x_bias_end"} over `ids` (each in truth, plans and groups); "all" last."""
-    pred = np.stack([plans[i] for i in ids])
+    pred = np.stack([np.asarray(plans[i], dtype=float) for i in ids])
     ref = np.stack([np.asarray(truth[i], dtype=float) for i in ids])
     l2 = np.linalg.norm(pred - ref, axis=-1).mean(axis=1)
     bias = pred[:, -1, 0] - ref[:, -1, 0]

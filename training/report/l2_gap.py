@@ -30,9 +30,10 @@ def ground_truth(split: Path) -> dict:
             for s in json.loads(Path(split).read_text()) if s.get("task") == "planning"}
 
 
-def errors_by_id(truth: dict, predictions: Path) -> tuple[dict, list[str]]:
-    """id -> (NUM_WAYPOINTS,) L2 errors of each parsable planning prediction; the ids that do not parse."""
-    errs, invalid = {}, []
+def plans_by_id(predictions: Path) -> tuple[dict, list[str]]:
+    """id -> (NUM_WAYPOINTS, 2) plan of each parsable line of an OUT/predictions/*_planning.jsonl; the ids that
+    do not parse."""
+    plans, invalid = {}, []
     for line in Path(predictions).read_text().splitlines():
         if not line.strip():
             continue
@@ -40,9 +41,15 @@ def errors_by_id(truth: dict, predictions: Path) -> tuple[dict, list[str]]:
         plan = parse_trajectory(row["text"])
         if isinstance(plan, ParseError):
             invalid.append(row["id"])
-            continue
-        errs[row["id"]] = l2_per_sample(plan, truth[row["id"]])[0]
-    return errs, invalid
+        else:
+            plans[row["id"]] = plan
+    return plans, invalid
+
+
+def errors_by_id(truth: dict, predictions: Path) -> tuple[dict, list[str]]:
+    """id -> (NUM_WAYPOINTS,) L2 errors of each parsable planning prediction; the ids that do not parse."""
+    plans, invalid = plans_by_id(predictions)
+    return {i: l2_per_sample(plan, truth[i])[0] for i, plan in plans.items()}, invalid
 
 
 def interval(values: np.ndarray) -> list[float]:
