@@ -18,3 +18,6 @@ timed l2 python scripts/l2_gap.py --data runs/fast/data_plan/val.json --samples 
 timed p_suite wam-diff drive --policy runs/fast/nano-s-b32-p --out "$OUT/p_suite" --seed-offsets 0 --workers 2 --frame-size 256x128
 timed par_suite wam-diff drive --policy runs/fast/nano-s-ar-p --out "$OUT/par_suite" --seed-offsets 0 --workers 2 --frame-size 256x128
 timed p_rest wam-diff drive --policy runs/fast/nano-s-b32-p --out "$OUT/p_rest" --seed-offsets 50000,60000,70000,80000 --workers 2 --frame-size 256x128
+# Second try (rule fixed 03:57 UTC in the recipe, after the first decision): the speed pass, models taking turns.
+timed speed python scripts/speed_pass.py --data runs/fast/data_plan/val.json --samples 64 --out "$OUT/speed" \
+  "(p-ar)=runs/fast/nano-s-ar-p:forward" "(p)=runs/fast/nano-s-b32-p:forward"
