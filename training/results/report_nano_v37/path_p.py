@@ -10,6 +10,7 @@ import sys
 REUSED_S = {"data_plan": 140.0, "data_v1": 40.0, "data_lateral": 29.0, "data_junction": 107.0,
             "bending": 0.3, "ar": 1383.5}
 BAR_S = 10_800.0
+OUT = "training/results/report_nano_v37/path_p.json"  # written beside this script
 
 
 def main(record_path: str) -> int:
@@ -24,8 +25,9 @@ def main(record_path: str) -> int:
     for name, wall, where in path:
         print(f"{name:18s} {wall:8.1f} s  {where}")
     print(f"{'path':18s} {total:8.1f} s  ({total / 3600:.2f} h; bar {BAR_S:.0f} s: {'met' if total <= BAR_S else 'not met'})")
-    json.dump({"steps": [{"name": n, "wall_s": w, "source": s} for n, w, s in path], "total_s": round(total, 1),
-               "bar_s": BAR_S, "met": total <= BAR_S}, open("training/results/report_nano_v37/path_p.json", "w"), indent=1)
+    with open(OUT, "w") as f:
+        json.dump({"steps": [{"name": n, "wall_s": w, "source": s} for n, w, s in path], "total_s": round(total, 1),
+                   "bar_s": BAR_S, "met": total <= BAR_S}, f, indent=1)
     return 0
 
 
