@@ -5,12 +5,13 @@ run (runs/fast/recipe.json), the steps whose outputs were reused at the walls of
 """
 import json
 import sys
+from pathlib import Path
 
 # Reused outputs (digests equal to those runs' records): v29's data walls, v27's bending and first AR stage.
 REUSED_S = {"data_plan": 140.0, "data_v1": 40.0, "data_lateral": 29.0, "data_junction": 107.0,
             "bending": 0.3, "ar": 1383.5}
 BAR_S = 10_800.0
-OUT = "training/results/report_nano_v37/path_p.json"  # written beside this script
+OUT = Path(__file__).with_suffix(".json")  # path_p.json, beside this script
 
 
 def main(record_path: str) -> int:
