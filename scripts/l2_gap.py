@@ -91,6 +91,15 @@ def markdown(result: dict) -> str:
                      + ("- | - | - |" if ref else f"{100 * m['gap']:+.1f} % | {100 * glo:+.1f} to {100 * ghi:+.1f} % | "
                                                    f"{m['verdict']} |") + f" {tps} | "
                      + ("- | - |" if ref else f"{m['median_diff']:+.2f} m | {share_text(m['tail_share'])} |"))
+    others = [m for m in result["models"] if m["label"] != result["reference"] and "per_horizon_diff" in m]
+    if others:
+        lines += ["", "Paired difference to the reference by horizon (m, model minus reference; 95 % interval):", "",
+                  "| model | 1s | 2s | 3s | 4s |", "| --- | --- | --- | --- | --- |"]
+        for m in others:
+            d, ci = m["per_horizon_diff"], m["per_horizon_diff_ci"]
+            cells = [f"{d[per_s * t - 1]:+.2f} ({ci[per_s * t - 1][0]:+.2f} to {ci[per_s * t - 1][1]:+.2f})"
+                     for t in (1, 2, 3, 4)]
+            lines.append(f"| {m['label']} | {' | '.join(cells)} |")
     worst = [m for m in result["models"] if m["label"] != result["reference"] and m.get("worst")]
     if worst:
         lines += ["", "Largest per-plan differences (mean L2 over the horizon, m):", "",

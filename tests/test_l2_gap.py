@@ -48,6 +48,21 @@ def test_gap_intervals_and_verdicts():
     assert len(rows[0]["per_horizon_ci"]) == 8
 
 
+def test_per_horizon_difference_is_paired_and_signed():
+    rng = np.random.default_rng(2)
+    ref = rng.uniform(1.0, 3.0, size=(300, 8)) * np.linspace(1.0, 4.0, 8)  # errors grow with the horizon
+    # worse by 0.3 m at the first waypoints, better by 0.5 m at the last, plus per-plan noise
+    shift = np.linspace(0.3, -0.5, 8)
+    model = ref + shift + rng.normal(0.0, 0.05, size=ref.shape)
+    row = compare([ref, model])[1]
+    np.testing.assert_allclose(row["per_horizon_diff"], shift, atol=0.02)
+    lo, hi = row["per_horizon_diff_ci"][-1]
+    assert lo < -0.5 + 0.02 and hi > -0.5 - 0.02 and hi < 0  # better at 4 s, and the interval says so
+    lo, hi = row["per_horizon_diff_ci"][0]
+    assert 0 < lo < 0.3 < hi < 0.32  # paired: the interval is tight although plans differ by metres
+    assert compare([ref, ref])[1]["per_horizon_diff_ci"][3] == pytest.approx([0.0, 0.0])
+
+
 def test_tail_says_how_much_of_a_gap_a_few_plans_hold():
     ref = np.full(100, 2.0)
     few = ref.copy()
@@ -103,6 +118,8 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     assert gap.main(args + ["--resume"]) == 0
     b = json.loads((out / "l2_gap.json").read_text())["models"][1]
     assert b["per_horizon"] == pytest.approx([3.0] * 8)  # 3 m to the side at every horizon
+    assert b["per_horizon_diff"] == pytest.approx((np.asarray(b["per_horizon"]) - a["per_horizon"]).tolist())
+    assert "Paired difference to the reference by horizon" in (out / "l2_gap.md").read_text()
     assert b["l2_mean"] == pytest.approx(3.0)
     # @BxK decodes the checkpoint at another block size and K, recorded as such
     assert gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2"]) == 0

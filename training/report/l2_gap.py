@@ -84,6 +84,7 @@ def compare(errors: list[np.ndarray], bound: float = BOUND, seed: int = 0, ids: 
     draws = np.random.default_rng(seed).integers(0, n, size=(DRAWS, n))
     ref_plan = errors[0].mean(-1)  # (N,) the reference's mean L2 per plan
     ref = ref_plan[draws].mean(-1)  # (DRAWS,) the reference's mean L2 per draw
+    ref_horizon = errors[0][draws].mean(1)  # (DRAWS, NUM_WAYPOINTS)
     rows = []
     for e in errors:
         per_plan = e.mean(-1)
@@ -93,6 +94,10 @@ def compare(errors: list[np.ndarray], bound: float = BOUND, seed: int = 0, ids: 
         rows.append({"l2_mean": float(per_plan.mean()), "l2_mean_ci": interval(boot),
                      "per_horizon": e.mean(0).tolist(),
                      "per_horizon_ci": [interval(horizon_boot[:, h]) for h in range(e.shape[1])],
+                     # paired difference to the reference per waypoint (m): is the gap at long horizons real?
+                     "per_horizon_diff": (e.mean(0) - errors[0].mean(0)).tolist(),
+                     "per_horizon_diff_ci": [interval(horizon_boot[:, h] - ref_horizon[:, h])
+                                             for h in range(e.shape[1])],
                      "gap": float(per_plan.mean() / ref_plan.mean() - 1.0), "gap_ci": gap_ci,
                      "verdict": verdict(gap_ci, bound)} | tail(ref_plan, per_plan, ids))
     return rows
