@@ -79,9 +79,10 @@ def markdown(result: dict) -> str:
              f"| tokens/s | median per-plan difference | worst {100 * TAIL:.0f} % of plans' share of it |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     per_s = round(1.0 / WAYPOINT_DT_S)
+    whole_seconds = [per_s * t - 1 for t in (1, 2, 3, 4)]  # the waypoints at 1, 2, 3 and 4 s
     for m in result["models"]:
         h = m["per_horizon"]
-        cols = [f"{h[per_s * t - 1]:.2f}" for t in (1, 2, 3, 4)]
+        cols = [f"{h[i]:.2f}" for i in whole_seconds]
         lo, hi = m["l2_mean_ci"]
         glo, ghi = m["gap_ci"]
         ref = m["label"] == result["reference"]
@@ -97,8 +98,7 @@ def markdown(result: dict) -> str:
                   "| model | 1s | 2s | 3s | 4s |", "| --- | --- | --- | --- | --- |"]
         for m in others:
             d, ci = m["per_horizon_diff"], m["per_horizon_diff_ci"]
-            cells = [f"{d[per_s * t - 1]:+.2f} ({ci[per_s * t - 1][0]:+.2f} to {ci[per_s * t - 1][1]:+.2f})"
-                     for t in (1, 2, 3, 4)]
+            cells = [f"{d[i]:+.2f} ({ci[i][0]:+.2f} to {ci[i][1]:+.2f})" for i in whole_seconds]
             lines.append(f"| {m['label']} | {' | '.join(cells)} |")
     worst = [m for m in result["models"] if m["label"] != result["reference"] and m.get("worst")]
     if worst:
