@@ -92,7 +92,7 @@ def markdown(result: dict) -> str:
                      + ("- | - | - |" if ref else f"{100 * m['gap']:+.1f} % | {100 * glo:+.1f} to {100 * ghi:+.1f} % | "
                                                    f"{m['verdict']} |") + f" {tps} | "
                      + ("- | - |" if ref else f"{m['median_diff']:+.2f} m | {share_text(m['tail_share'])} |"))
-    others = [m for m in result["models"] if m["label"] != result["reference"] and "per_horizon_diff" in m]
+    others = [m for m in result["models"] if m["label"] != result["reference"]]
     if others:
         lines += ["", "Paired difference to the reference by horizon (m, model minus reference; 95 % interval):", "",
                   "| model | 1s | 2s | 3s | 4s |", "| --- | --- | --- | --- | --- |"]
