@@ -39,5 +39,6 @@ setup(
             "wam-diff-bench2drive = wam_diff_ros.carla.runner:main",
             "wam-diff-carla-bridge = wam_diff_ros.carla_bridge_node:main",
         ],
+        "wam_diff_core.extensions": ["kernels = kernels.plugin:register"],
     },
 )

@@ -5,49 +5,22 @@
 - `graph_runner`: the capture-ready decode path (fixed K steps, at most one host sync per block),
   captured as one CUDA graph per (batch, B) bucket on CUDA, run eagerly on a CPU;
 - `flashinfer_attention`: the FlashInfer attention backend (GPU only, imported lazily);
-- `ladder`: the speed ladder (AR -> B = 32 SDPA eager -> + FlashInfer -> + CUDA graphs).
-- `teacher_forced`: bf16 variants' steps along a float32 decode (the correctness check of a kernel change).
+- `ladder`: the speed ladder (AR -> B = 32 SDPA eager -> + FlashInfer -> + CUDA graphs);
+- `teacher_forced`: bf16 variants' steps along a float32 decode (the correctness check of a kernel change);
+- `availability`: what this machine has for them (CUDA, flashinfer, triton); looks without importing;
+- `plugin`: registers the FlashInfer backend, the fast text layers and the static decoder with the core's
+  extension registry (`wam_diff_core.extensions`).
 
-Importing this package never imports flashinfer or touches CUDA: the probes below only look.
+The core finds the plugin through the entry point `wam_diff_core.extensions` of the installed package; a
+checkout used from PYTHONPATH (no entry points) registers it here, on import. Importing this package
+never imports flashinfer or touches CUDA.
 """
-from __future__ import annotations
+from wam_diff_core import extensions
 
-import importlib.util
+from .availability import cuda_available, flashinfer_installed, missing_for_flashinfer, require_flashinfer, triton_installed
+from .plugin import register
 
-import torch
+extensions.register(register)
 
-
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-def flashinfer_installed() -> bool:
-    """True when the flashinfer package can be imported (it is not imported here)."""
-    return importlib.util.find_spec("flashinfer") is not None
-
-
-def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-def missing_for_flashinfer() -> list[str]:
-    """What the FlashInfer backend lacks on this machine (empty when it can run)."""
-    missing = []
-    if not cuda_available():
-        missing.append("CUDA (torch.cuda.is_available() is False)")
-    if not flashinfer_installed():
-        missing.append("the flashinfer package (pip install '.[gpu]', i.e. flashinfer-python==0.7.0)")
-    return missing
-
-
-def require_flashinfer():
-    """Import and return flashinfer, or raise RuntimeError naming what is missing."""
-    missing = missing_for_flashinfer()
-    if missing:
-        raise RuntimeError("the flashinfer attention backend needs " + " and ".join(missing))
-    import flashinfer
-
-    return flashinfer
-
-
-__all__ = ["cuda_available", "flashinfer_installed", "triton_installed", "missing_for_flashinfer", "require_flashinfer"]
+__all__ = ["cuda_available", "flashinfer_installed", "triton_installed", "missing_for_flashinfer", "require_flashinfer",
+           "register"]

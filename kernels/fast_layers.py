@@ -1,6 +1,6 @@
 """The Qwen3-VL text layers of the static decoder with fewer kernels per layer (same math).
 
-Why: on an H200 (kernels/results/h200_v32/) a captured B = 32 step of the 2B architecture took about
+Why: on an H200 (the ladder's `sdpa_graphs` rung, results/kernels/h200/) a captured B = 32 step of the 2B architecture took about
 5.6 ms where its weights need 0.8 ms at the copy rate. A stock layer runs about 60 top-level ATen
 operations (60.5 counted on nano; each RMSNorm is eight, rotary ten, three projections for q/k/v, two
 for gate/up; this stack runs 32.5), and inside a CUDA

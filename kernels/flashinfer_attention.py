@@ -1,11 +1,11 @@
 """FlashInfer attention backend for the Qwen3-VL text layers (GPU only; flashinfer imported lazily).
 
 Written against FlashInfer's Python API (flashinfer-python 0.7.0: BatchPrefillWithPagedKVCacheWrapper,
-BlockSparseAttentionWrapper, single_prefill_with_kv_cache). Checked on an H200 (thirty-third session,
-kernels/results/h200_v33/): a block step equals SDPA over the static mask (2B and nano shapes), the prefill
-writes SDPA's K/V and gives its last logits, a block makes no host sync, teacher-forced along a float32
-decode (`kernels.teacher_forced`) every bf16 step is as close to float32 as bf16 SDPA's, and the captured
-decode replays the eager one. (Greedy tokens of a random model differ from SDPA's after a few steps, as
+BlockSparseAttentionWrapper, single_prefill_with_kv_cache). Checked on an H200 (tests/test_kernels_gpu.py
+and `kernels.teacher_forced`; logs and tables in results/kernels/h200/): a block step equals SDPA over the
+static mask (2B and nano shapes), the prefill writes SDPA's K/V and gives its last logits, a block makes no
+host sync, teacher-forced along a float32 decode every bf16 step is as close to float32 as bf16 SDPA's, and
+the captured decode replays the eager one. (Greedy tokens of a random model differ from SDPA's after a few steps, as
 those of torch.compiled layers do: near-tied logits, not a wrong kernel.)
 
 Registered with transformers' AttentionInterface as "wam_flashinfer" (registration needs no
@@ -37,7 +37,7 @@ from transformers import AttentionInterface
 
 from wam_diff_core.attention.block_mask import PAD, PREFIX
 
-from . import require_flashinfer
+from .availability import require_flashinfer
 from .static_cache import StaticKVCache, StaticSpec
 
 REGISTERED_NAME = "wam_flashinfer"

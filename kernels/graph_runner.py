@@ -19,10 +19,10 @@ A bucket is (batch, B, K, capacity, remasking settings). Its buffers live as lon
 a graph captured once keeps pointing at them: a block is run by refreshing the inputs in place
 (positions, FlashInfer plans, outside the graph) and replaying.
 
-On an H200 (kernels/results/h200_v32/, h200_v33/): with SDPA attention the captured decode is
+On an H200 (results/kernels/h200/): with SDPA attention the captured decode is
 token-identical to the eager reference and a block makes no host sync; with FlashInfer attention the
 captured decode replays the eager one over the same (graph-mode) plans, and its bf16 steps are as close to
-float32 as SDPA's (README, "GPU fast path"). On a CPU, or with `cuda_graphs=False`, the same block
+float32 as SDPA's (docs/gpu.md). On a CPU, or with `cuda_graphs=False`, the same block
 function runs eagerly.
 """
 from __future__ import annotations
@@ -34,9 +34,8 @@ from typing import Any, Optional
 import torch
 
 from wam_diff_core.decoding.block_diffusion import generate as generate_eager
-from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.decoding.config import DecoderConfig, step_count
 from wam_diff_core.decoding.constraint import TokenConstraint
-from wam_diff_core.decoding.remasking import step_count
 from wam_diff_core.decoding.result import DecodeResult, PhaseClock, trim_at_eos
 from wam_diff_core.model.processor import PromptBatch
 from wam_diff_core.model.runner import ModelRunner

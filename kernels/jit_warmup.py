@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("kernels.jit_warmup: CUDA is not available on this machine; nothing to build", file=sys.stderr)
         return 2
-    from . import missing_for_flashinfer
+    from .availability import missing_for_flashinfer
 
     if missing_for_flashinfer():
         print("kernels.jit_warmup: missing " + " and ".join(missing_for_flashinfer()), file=sys.stderr)

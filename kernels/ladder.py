@@ -1,4 +1,4 @@
-"""The speed ladder (issue 6): AR B = 1 -> B = 32 SDPA eager -> + static FlashInfer -> + CUDA graphs.
+"""The speed ladder: AR B = 1 -> B = 32 SDPA eager -> + static FlashInfer -> + CUDA graphs.
 
     python -m kernels.ladder --model qwen3-vl-2b --device cuda --steps 8,16 --batch-sizes 1,8 --out runs/ladder.json
 
@@ -20,7 +20,7 @@ read per forward) against the device's peak, and for the capture-ready rungs the
 denoising step (CUDA kernels on a GPU; top-level ATen operations on a CPU). A rung that fails records
 its error and the ladder goes on. Prefill is timed apart for both FlashInfer prefill modes (block-sparse, custom mask).
 
-Runs on an H200: kernels/results/h200_v32/, h200_v33/. In bfloat16 the token agreement of a rung that
+Its H200 tables: results/kernels/h200/. In bfloat16 the token agreement of a rung that
 changes the rounding (FlashInfer, compiled layers) says little on a model with near-tied logits (a random
 one); `kernels.teacher_forced` is the correctness check for those.
 """
@@ -41,20 +41,19 @@ from wam_diff_core.attention.backends import use_backend
 from wam_diff_core.bench import PEAK_BANDWIDTH_GBPS, benchmark_prompts, bytes_per_forward
 from wam_diff_core.decoding.ar import generate_ar
 from wam_diff_core.decoding.block_diffusion import generate
-from wam_diff_core.decoding.config import DecoderConfig
-from wam_diff_core.decoding.remasking import step_count
+from wam_diff_core.decoding.config import DecoderConfig, step_count
 from wam_diff_core.model.checkpoint import load
 from wam_diff_core.model.processor import PromptBatch
 from wam_diff_core.model.runner import ModelRunner
 
-from . import missing_for_flashinfer
+from .availability import missing_for_flashinfer
 from .graph_runner import GraphRunner
 
 BLOCK_RUNGS = ("sdpa_eager", "static_sdpa", "static_fast", "flashinfer", "flashinfer_graphs", "sdpa_graphs",
                "fast_graphs", "compiled_graphs")
 GRAPH_RUNGS = tuple(r for r in BLOCK_RUNGS if r.endswith("graphs"))
 RUNGS = ("ar",) + BLOCK_RUNGS
-# issue 6 targets, checked on the numbers of one run
+# the fast path's targets, checked on the numbers of one run
 TARGET_SPEEDUP_OVER_SDPA_EAGER = 5.0
 TARGET_TOKENS_PER_S_2B_BATCH1_K16 = 1500.0
 TARGET_BANDWIDTH_UTIL = 0.60
@@ -333,7 +332,7 @@ def launches_per_step(run) -> float:
 
 
 def targets(result: dict) -> dict:
-    """Issue 6's targets evaluated on this run's rows (None where a needed row is missing)."""
+    """The fast path's targets (TARGET_*) evaluated on this run's rows (None where a needed row is missing)."""
     rows = [r for r in result["rows"] if "tokens_per_s" in r]
     pick = lambda rung, bs, K: next((r for r in rows if (r["rung"], r["batch_size"], r["steps"]) == (rung, bs, K)), None)  # noqa: E731
     speedups, peak_2b = [], None

@@ -1,6 +1,7 @@
 """`kernels` on a machine with no CUDA and no flashinfer: imports, clear errors, and the host-side
 planning of the FlashInfer backend checked against the SDPA masks it replaces."""
 import sys
+from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import kernels
 from kernels import flashinfer_attention as fa
 from kernels.graph_runner import GraphRunner
 from kernels.static_cache import StaticKVCache
+from wam_diff_core import extensions
 from wam_diff_core.attention.block_mask import prompt_layout, visibility
 from wam_diff_core.model.runner import ModelRunner
 
@@ -26,6 +28,15 @@ def test_import_kernels_needs_neither_cuda_nor_flashinfer():
     from transformers import AttentionInterface
 
     assert fa.REGISTERED_NAME in AttentionInterface._global_mapping
+
+
+def test_kernels_plug_into_the_core_through_the_entry_point():
+    points = {p.name: p.value for p in entry_points(group=extensions.ENTRY_POINT_GROUP)}
+    assert points.get("kernels") == "kernels.plugin:register", "entry point missing: reinstall with pip install -e ."
+    registry = extensions.Registry()  # reads the entry points on its first lookup
+    assert registry.names("attention backend") == ("flashinfer",)
+    assert registry.names("text layers") == ("compiled", "fast") and registry.names("decoder") == ("static",)
+    assert registry.get("attention backend", "flashinfer").missing() == kernels.missing_for_flashinfer()
 
 
 @pytest.mark.skipif(not NO_FLASHINFER, reason="CUDA and flashinfer are both present: nothing is missing")

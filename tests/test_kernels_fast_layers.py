@@ -59,7 +59,7 @@ def test_fast_layers_decode_the_reference_tokens(nano, nano_runner, padded, B, K
 
 
 def test_fast_layers_run_about_half_the_operations_per_layer(nano, nano_runner, padded):
-    """The point of the fast layers: a captured GPU step pays a few microseconds per kernel (H200, v32).
+    """The point of the fast layers: a captured GPU step pays a few microseconds per kernel (H200).
     Counted here as top-level ATen operations per forward (nano: 4 layers): 244 -> 132 when measured."""
     static = GraphRunner(nano_runner, nano.settings.mask_token_id)
     static.generate(padded, _cfg(32, 4), nano.settings.eos_token_id)

@@ -139,7 +139,7 @@ def test_flashinfer_prefill_matches_sdpa_on_a_padded_batch(nano, camera_image, m
 def test_flashinfer_steps_are_as_close_to_float32_as_sdpa_steps_teacher_forced(nano, camera_image, B, K):
     """Every bf16 step of the FlashInfer decode (its prefill, plain and fused steps; eager and graph-mode
     plans; the model's layers and the fast ones), teacher-forced along a float32 SDPA decode, against the
-    bf16 SDPA decode's own distance from float32. Greedy tokens cannot judge this: on the H200 (v33) the
+    bf16 SDPA decode's own distance from float32. Greedy tokens cannot judge this: on an H200 the
     random nano's free-running bf16 decode agreed on 17-27 % of tokens with FlashInfer and with
     torch.compiled layers alike. A kernel that drops keys is off by >0.4 of the logits' scale and flips
     decisive positions (tests/test_kernels_flashinfer_glue.py)."""
@@ -219,7 +219,7 @@ def test_decoder_config_graphs_and_text_layers_plan_under_the_grammar_as_the_eag
 
 @pytest.mark.parametrize("attention", ["sdpa", pytest.param("flashinfer", marks=needs_flashinfer)])
 def test_a_static_block_makes_no_host_sync_on_cuda(nano, camera_image, attention):
-    """Issue 6: nothing inside a block waits for the host. CUDA's sync debug mode turns any synchronising
+    """Nothing inside a block waits for the host. CUDA's sync debug mode turns any synchronising
     call (.item(), a pageable copy, a data-dependent shape) into an error while one block runs eagerly."""
     dtype = torch.bfloat16 if attention == "flashinfer" else torch.float32
     runner = ModelRunner(_model(nano, dtype), "sdpa")

@@ -5,6 +5,7 @@ The model's text layers call the registered function with the keyword argument `
 mask form once per forward (cached on the spec, shared by all layers):
 - `wam_sdpa`: a dense boolean mask for torch SDPA (the reference; CPU and GPU);
 - `wam_flex`: a flex-attention BlockMask (sparse over blocks).
+Other backends (FlashInfer, on a GPU) come from extensions (`wam_diff_core.extensions`).
 A spec with `full=True` means every key is visible (a block step against the cache): no mask at all.
 """
 from __future__ import annotations
@@ -16,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from .. import extensions
 from .block_mask import visibility
 
-BACKENDS = ("sdpa", "flex")  # CPU and GPU; "flashinfer" (GPU) lives in kernels/
+BACKENDS = ("sdpa", "flex")  # built in, CPU and GPU; others (GPU) are registered by extensions
 _REGISTERED_NAME = {"sdpa": "wam_sdpa", "flex": "wam_flex"}
 
 
@@ -86,13 +88,9 @@ AttentionInterface.register(_REGISTERED_NAME["flex"], _flex)
 
 
 def use_backend(model, backend: str) -> None:
-    """Route the text layers of a Qwen3-VL model through a registered block-causal backend
-    (the vision tower keeps stock SDPA)."""
-    if backend == "flashinfer":
-        from kernels.flashinfer_attention import use_flashinfer
-
-        use_flashinfer(model)
-        return
-    if backend not in _REGISTERED_NAME:
-        raise ValueError(f"unknown attention backend {backend!r}; expected one of {BACKENDS}")
-    model.set_attn_implementation({"text_config": _REGISTERED_NAME[backend], "vision_config": "sdpa"})
+    """Route the text layers of a Qwen3-VL model through a block-causal backend: one of `BACKENDS`, or one
+    an extension registered (the vision tower keeps stock SDPA)."""
+    if backend in _REGISTERED_NAME:
+        model.set_attn_implementation({"text_config": _REGISTERED_NAME[backend], "vision_config": "sdpa"})
+    else:
+        extensions.attention_backend(backend).install(model)

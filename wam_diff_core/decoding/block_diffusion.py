@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import extensions
 from ..attention.block_mask import CLEAN, NOISY
 from ..model.processor import PromptBatch
 from ..model.runner import ModelRunner
@@ -45,15 +46,13 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
              constraint: TokenConstraint | None = None) -> DecodeResult:
     """Decode answers for a batch of prompts (on the runner's device).
 
-    With CUDA graphs or the FlashInfer backend the capture-ready static path in `kernels` decodes
-    (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
+    With CUDA graphs or the FlashInfer backend the capture-ready "static" decoder an extension registers
+    decodes (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
     masks the logits of every step, on either path, and with `cfg.number_order` orders the commits of
     each number's characters; its kinematic envelope, when it has one, applies on this eager path only (the
     static path keeps the per-position grammar). `cfg.text_layers` picks the text layers on either path."""
     if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
-        from kernels.graph_runner import generate_static
-
-        return generate_static(runner, batch, cfg, mask_id, eos_id, constraint)
+        return extensions.decoder("static")(runner, batch, cfg, mask_id, eos_id, constraint)
     with runner.text_layers(cfg.text_layers):
         return _generate_eager(runner, batch, cfg, mask_id, eos_id, constraint)
 

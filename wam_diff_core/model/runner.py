@@ -8,8 +8,8 @@
 Text-only forwards run the model's own decoder layers (so attention goes through the registered
 block-causal backend) without the outer wrapper's per-call mask and rotary set-up; the rotary
 tables of a block can be computed once and reused over its K steps. Inside `text_layers("fast")` or
-`text_layers("compiled")` they run `kernels.fast_layers` instead (the same math with merged projections;
-built once per kind and kept, with copies of the merged weights).
+`text_layers("compiled")` they run the layer stack an extension registered for that kind instead (the
+same math with merged projections; built once per kind and kept, with copies of the merged weights).
 """
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from typing import Iterator, Optional
 
 import torch
 
+from .. import extensions
 from ..attention.backends import BlockSpec, use_backend
 from ..attention.block_mask import PREFIX, prompt_layout
+from ..constants import TEXT_LAYERS
 from .kv_cache import BlockKVCache
 from .processor import PromptBatch
-from .settings import TEXT_LAYERS
 
 
 class ModelRunner:
@@ -37,14 +38,12 @@ class ModelRunner:
         self._stacks: dict[str, object] = {}
 
     def layer_stack(self, kind: str):
-        """The text layer stack of `kind` (`TEXT_LAYERS`): None for the model's own, else kernels.fast_layers'
-        (plain or torch.compiled), built on first use and kept (the eager and static decoders share it)."""
+        """The text layer stack of `kind` (`TEXT_LAYERS`): None for the model's own, else the one an extension
+        registered for `kind`, built on first use and kept (the eager and static decoders share it)."""
         if kind not in TEXT_LAYERS:
             raise ValueError(f"text layers {kind!r} not in {TEXT_LAYERS}")
         if kind != "model" and kind not in self._stacks:
-            from kernels.fast_layers import FastTextLayers  # optional package, pure torch
-
-            self._stacks[kind] = FastTextLayers(self.model, compile_layers=kind == "compiled")
+            self._stacks[kind] = extensions.text_layers(kind)(self.model)
         return self._stacks.get(kind)
 
     @contextlib.contextmanager
