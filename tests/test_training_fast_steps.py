@@ -128,7 +128,7 @@ def test_a_distillation_stage_with_cpu_bf16_and_the_clean_teacher_trains_and_com
     assert config["train"]["cpu_bf16"] is True and config["distill"]["ar_teacher_clean_only"] is True
     capsys.readouterr()
     assert main(common + ["--overwrite", "--set", "train.compile=true", "--on-policy-every", "2"]) != 0
-    assert "config error: train.compile" in capsys.readouterr().err
+    assert "wam-diff-train distill: error: train.compile" in capsys.readouterr().err
 
 
 def test_step_variants_parse_and_unknown_switches_are_refused():

@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from wam_diff_core.errors import WamDiffError
 from wam_diff_core.model.checkpoint import LoadedModel, load_model, save_model
 
 from .trainer import param_digest
@@ -25,7 +26,7 @@ from .trainer import param_digest
 AVERAGE_FILE = "average.json"
 
 
-class AverageError(ValueError):
+class AverageError(WamDiffError, ValueError):
     """Sources that cannot be averaged, or bad weights (the message names which and why)."""
 
 

@@ -23,6 +23,7 @@ from typing import Optional
 
 import yaml
 
+from wam_diff_core.console import console_main
 from wam_diff_core.model.settings import SCHEDULES
 
 from .config import Config, ConfigError, load_config, set_key, validate
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if not cfg.data.train:
         raise ConfigError("no training data: give --data PATH or data.train in the config")
+    _require_datasets([d["path"] if isinstance(d, dict) else d for d in cfg.data.train] + [cfg.data.val])
     from .distributed import cleanup, init_distributed
     from .trainer import run_stage
 
@@ -217,6 +219,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_datasets(paths: list) -> None:
+    """Name a missing dataset file before any model is built or loaded."""
+    from .data import DataError
+
+    for path in paths:
+        if path is not None and not Path(path).is_file():
+            raise DataError(f"dataset file not found: {path} (expected a JSON or JSONL file of samples)")
+
+
 def run_eval(args: argparse.Namespace) -> int:
     import json
 
@@ -225,6 +236,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from .data import DrivingDataset, spaced_examples
     from .evaluate import evaluate
 
+    _require_datasets([args.data])
     loaded = load_model(args.model)
     B = args.block_size or loaded.settings.trained_block_size
     val = DrivingDataset(args.data, loaded.processor, 1 << 16, 1 << 16, "skip",
@@ -238,25 +250,10 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+@console_main("wam-diff-train", subcommands=True)
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except ConfigError as exc:
-        print(f"wam-diff-train: config error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        from wam_diff_core.model.checkpoint import CheckpointError
-
-        from .average import AverageError
-        from .data import DataError
-        from .trainer import StageExists
-
-        if isinstance(exc, (DataError, StageExists, AverageError, CheckpointError)):
-            print(f"wam-diff-train: {exc}", file=sys.stderr)
-            return 2
-        raise
+    args = build_parser().parse_args(argv)
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ reference code read keys and ignored them; this one refuses them).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -13,12 +14,13 @@ from typing import Any, Optional, Union
 import yaml
 
 from wam_diff_core.constants import TRAJECTORY_FORMATS
+from wam_diff_core.errors import WamDiffError
 from wam_diff_core.model.settings import check_route_target_scenarios
 
 from .perception import OCCUPANCY_CELLS
 
 
-class ConfigError(ValueError):
+class ConfigError(WamDiffError, ValueError):
     """A config file, key or value is invalid (the message names it)."""
 
 
@@ -172,13 +174,13 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
     """Set `section.key` (or a top-level key) from a parsed value, checking the key exists."""
     parts = dotted.split(".")
     target: Any = cfg
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         if not dataclasses.is_dataclass(target) or part not in {f.name for f in dataclasses.fields(target)}:
-            raise ConfigError(f"unknown config section {part!r} in {dotted!r}")
+            raise ConfigError(f"unknown config section {part!r} in {dotted!r}; {_expected(target, parts[:i], part)}")
         target = getattr(target, part)
     key = parts[-1]
     if not dataclasses.is_dataclass(target) or key not in {f.name for f in dataclasses.fields(target)}:
-        raise ConfigError(f"unknown config key {dotted!r}")
+        raise ConfigError(f"unknown config key {dotted!r}; {_expected(target, parts[:-1], key)}")
     current = getattr(target, key)
     declared = {f.name: f.type for f in dataclasses.fields(target)}[key]
     declared = declared if isinstance(declared, str) else getattr(declared, "__name__", "")
@@ -196,6 +198,16 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
             set_key(cfg, f"{dotted}.{k}", v)
         return
     setattr(target, key, _coerce(value, current, dotted))
+
+
+def _expected(target: Any, prefix: list[str], name: str) -> str:
+    """What `name` could have been: the closest key of `target`, else all of them (dotted like the input)."""
+    keys = [f.name for f in dataclasses.fields(target)] if dataclasses.is_dataclass(target) else []
+    close = difflib.get_close_matches(name, keys, n=1)
+    dotted = [".".join(prefix + [k]) for k in (close or keys)]
+    if close:
+        return f"did you mean {dotted[0]!r}?"
+    return f"expected one of {', '.join(dotted)}" if dotted else f"{'.'.join(prefix)} has no keys"
 
 
 BASE_KEY = "base"  # a config file's parent: its keys first, then this file's (sections merge key by key)
@@ -220,7 +232,10 @@ def _apply_file(cfg: Config, path: Path, chain: tuple = ()) -> None:
             raise ConfigError(f"{path}: {BASE_KEY} must be a config file path, got {base!r}")
         _apply_file(cfg, path.parent / base, chain + (path,))
     for key, value in raw.items():
-        set_key(cfg, key, value)
+        try:
+            set_key(cfg, key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> Config:
@@ -233,7 +248,11 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.key=value")
         key, text = item.split("=", 1)
-        set_key(cfg, key.strip(), yaml.safe_load(text) if text.strip() else None)
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from exc
+        set_key(cfg, key.strip(), value)
     validate(cfg)
     return cfg
 

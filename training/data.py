@@ -27,6 +27,7 @@ from PIL import Image
 from wam_diff_core.codec import ParseError, format_trajectory, parse_trajectory
 from wam_diff_core.constants import EOS_TOKEN, TRAJECTORY_FORMATS
 from wam_diff_core.decoding.constraint import TrajectoryGrammar
+from wam_diff_core.errors import WamDiffError
 from wam_diff_core.model.processor import VLProcessor
 from wam_diff_core.prompts import parse_planning_ego, parse_route_target, sample_to_chat, without_route_target
 from wam_diff_core.types import EgoState
@@ -49,7 +50,7 @@ def spaced_examples(dataset, limit: int) -> list:
     return [x for x in (dataset[i] for i in spaced_indices(len(dataset), limit)) if isinstance(x, Example)]
 
 
-class DataError(ValueError):
+class DataError(WamDiffError, ValueError):
     """A dataset file or sample is unusable; the message names the file or sample."""
 
 

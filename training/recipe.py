@@ -35,6 +35,8 @@ from typing import Optional
 
 import yaml
 
+from wam_diff_core.errors import WamDiffError
+
 from .config import ConfigError
 from .provenance import output_record
 
@@ -113,7 +115,7 @@ def step_env(environ: Optional[dict] = None) -> dict:
     return env
 
 
-class StepFailed(RuntimeError):
+class StepFailed(WamDiffError, RuntimeError):
     """A recipe step exited non-zero (the message names the step, its status and its log)."""
 
 

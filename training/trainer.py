@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from wam_diff_core.attention.backends import use_backend
 from wam_diff_core.decoding.block_diffusion import generate
+from wam_diff_core.errors import WamDiffError
 from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
 
 from .collate import TrainBatch, collate
@@ -51,7 +52,7 @@ RESUME_DIR = "resume"
 OCCUPANCY_HEAD_FILE = "occupancy_head.pt"
 
 
-class StageExists(RuntimeError):
+class StageExists(WamDiffError, RuntimeError):
     """The stage directory already holds a run and neither --resume nor --overwrite was given."""
 
 

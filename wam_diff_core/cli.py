@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from .console import console_main
+
 # name -> (module, one-line help)
 COMMANDS = {
     "bench": ("wam_diff_core.bench", "decode-speed benchmark: table + JSON"),
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@console_main("wam-diff", subcommands=True)
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            print(f"wam-diff {name}: not available in this installation ({module_name} missing)", file=sys.stderr)
+            print(f"wam-diff {name}: error: not available in this installation ({module_name} missing)", file=sys.stderr)
             return 2
         raise
     parser = argparse.ArgumentParser(prog=f"wam-diff {name}", description=help_text)

@@ -23,8 +23,6 @@ from typing import Any, Callable, Optional
 
 from .errors import WamDiffError
 
-from .errors import WamDiffError
-
 ENTRY_POINT_GROUP = "wam_diff_core.extensions"
 KINDS = ("attention backend", "text layers", "decoder")
 INSTALL_HINT = (f"extensions register through the entry-point group '{ENTRY_POINT_GROUP}'; "

@@ -28,6 +28,7 @@ from typing import Optional
 
 import yaml
 
+from wam_diff_core.console import console_main
 from wam_diff_core.control import Controller, ControllerConfig
 from wam_diff_core.types import check_command
 from wam_diff_ros.carla.agent_config import validate_sensors
@@ -239,6 +240,7 @@ def run_bridge(cfg: BridgeConfig, connect_fn=None, context=None, stop=None) -> i
     return 0
 
 
+@console_main("wam-diff-carla-bridge")
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="wam-diff-carla-bridge", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="bridge YAML (sensors, topics, rates)")

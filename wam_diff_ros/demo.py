@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+from wam_diff_core.console import console_main
+
 PACKAGE = "wam_diff_ros"
 # The project's trained small checkpoint when it exists, else the (untrained) nano preset.
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "nano-s-b32"
@@ -54,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@console_main("wam-diff-demo")
 def main(argv: Optional[list[str]] = None) -> int:
     import rclpy
     from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
@@ -84,8 +87,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         size = parse_frame_size(args.frame_size) if args.frame_size else checkpoint_frame_size(args.model)
         target_scenarios = checkpoint_route_target_scenarios(args.model)
     except ValueError as exc:
-        print(f"wam-diff-demo: {exc}", file=sys.stderr)
-        return 1
+        print(f"wam-diff-demo: error: {exc}", file=sys.stderr)
+        return 2
     if size is not None:
         bridge_overrides += [Parameter("frame_width", value=size[0]), Parameter("frame_height", value=size[1])]
     if target_scenarios is not None:

@@ -32,6 +32,7 @@ from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header, String
 
+from wam_diff_core.console import console_main
 from wam_diff_core.constants import FRAME_SIZE, JUNCTION_SCENARIOS, REPLAN_EVERY
 from wam_diff_core.model.settings import check_route_target_scenarios
 from wam_diff_core.types import EgoState, Plan
@@ -250,6 +251,7 @@ class HighwayBridgeNode(Node):
         return summary
 
 
+@console_main("wam-diff-highway-bridge")
 def main(argv: Optional[list[str]] = None) -> int:
     """Console script `wam-diff-highway-bridge`: drive the routes, print the scores, exit."""
     from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor

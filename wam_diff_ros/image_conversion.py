@@ -10,6 +10,8 @@ import io
 
 import numpy as np
 
+from wam_diff_core.errors import WamDiffError
+
 # encoding -> (channels, channel order to take for RGB); all 8-bit per channel.
 RAW_ENCODINGS = {
     "rgb8": (3, (0, 1, 2)),
@@ -23,7 +25,7 @@ RAW_ENCODINGS = {
 MAX_SIDE_PX = 16384
 
 
-class ImageConversionError(ValueError):
+class ImageConversionError(WamDiffError, ValueError):
     """A camera message that cannot be turned into an RGB frame (the message says why)."""
 
 

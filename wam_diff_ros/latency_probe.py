@@ -22,6 +22,8 @@ from typing import Optional
 
 import numpy as np
 
+from wam_diff_core.console import console_main
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@console_main("wam-diff-ros-latency")
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     domain = random.Random(os.getpid()).randrange(1, 200)

@@ -40,6 +40,7 @@ from std_msgs.msg import Header, String
 from builtin_interfaces.msg import Time
 from visualization_msgs.msg import MarkerArray
 
+from wam_diff_core.console import console_main
 from wam_diff_core.constants import NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, TASKS
 from wam_diff_core.model.settings import SCHEDULES, TEXT_LAYERS
 from wam_diff_core.types import EgoState, Plan, check_command, check_route_target
@@ -548,6 +549,7 @@ class PlannerNode(LifecycleNode):
             pass
 
 
+@console_main("wam-diff-planner")
 def main(argv: Optional[list[str]] = None, policy_factory: Optional[Callable] = None, exit_fast: bool = True) -> int:
     """Console script `wam-diff-planner`: run the node; `-p autostart:=true` configures and activates it.
 

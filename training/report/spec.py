@@ -34,6 +34,7 @@ from typing import Optional
 import yaml
 
 from wam_diff_core.constants import FRAME_SIZE, REPLAN_EVERY, TASKS
+from wam_diff_core.errors import WamDiffError
 from wam_diff_core.model.settings import STRATEGIES
 from wam_diff_core.policy import TASK_BUDGET
 from wam_diff_core.sim.policies import BASELINES
@@ -43,7 +44,7 @@ from ..config import BASE_KEY  # the same `base:` key training configs continue 
 DEFAULT_SAMPLES = {"planning": 64, "detection": 32, "qa": 64}
 
 
-class SpecError(ValueError):
+class SpecError(WamDiffError, ValueError):
     """The report spec is unusable; the message names the key."""
 
 

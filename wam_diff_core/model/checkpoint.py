@@ -15,8 +15,9 @@ from safetensors import safe_open
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from ..constants import EOS_TOKEN, IMAGE_PAD_TOKEN, PAD_TOKEN, VIDEO_PAD_TOKEN, VISION_END_TOKEN, VISION_START_TOKEN, WAM_DIFF_CONFIG_NAME
+from ..errors import WamDiffError
 from .atomic import atomic_directory
-from .presets import QWEN_SPECIAL_IDS, get_preset, build_config
+from .presets import QWEN_SPECIAL_IDS, PresetError, build_config, get_preset, preset_names
 from .processor import IMAGE_PROCESSOR_FILE, VLProcessor
 from .settings import WamDiffSettings
 from .tokenizer import nano_image_processor, train_nano_tokenizer
@@ -30,7 +31,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 QWEN_MASK_TOKEN_ID = 151669
 
 
-class CheckpointError(ValueError):
+class CheckpointError(WamDiffError, ValueError):
     """A checkpoint directory is missing a file or holds a corrupt one (the message names it)."""
 
 
@@ -87,7 +88,7 @@ def _weight_files(path: Path) -> list[Path]:
                 if keys:
                     handle.get_slice(keys[-1])  # touch the last tensor's header
         except Exception as exc:  # safetensors raises several error types for bad files
-            raise CheckpointError(f"corrupt checkpoint file {f}: {exc}") from exc
+            raise CheckpointError(f"corrupt checkpoint file {f}: {exc}; copy or export the model again") from exc
     return files
 
 
@@ -95,7 +96,7 @@ def check_checkpoint(path: str | Path) -> Path:
     """Validate a checkpoint directory's files before loading; returns the path."""
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory not found: {path}")
+        raise CheckpointError(_not_found(path))
     config = _read_json(path / "config.json")
     if config.get("model_type") not in ("qwen3_vl",):
         raise CheckpointError(f"{path / 'config.json'}: model_type {config.get('model_type')!r}, expected 'qwen3_vl'")
@@ -135,7 +136,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         )
     settings_file = path / WAM_DIFF_CONFIG_NAME
     if settings_file.exists():
-        settings = WamDiffSettings.load(settings_file)
+        try:
+            settings = WamDiffSettings.load(settings_file)
+        except ValueError as exc:  # the message names the file and the bad key or value
+            raise CheckpointError(str(exc)) from exc
     else:
         settings = WamDiffSettings(
             mask_token_id=processor.mask_token_id,
@@ -199,8 +203,15 @@ def load(model: str | Path, device: str | torch.device = "cpu", dtype: torch.dty
     if Path(model).is_dir():
         return load_model(model, device=device, dtype=dtype)
     if Path(model).exists() or any(sep in str(model) for sep in ("/", "\\")) or str(model).startswith("."):
-        raise CheckpointError(f"checkpoint directory not found: {model}")
+        raise CheckpointError(_not_found(model))
     try:
         return build_preset(str(model), device=device, dtype=dtype)
-    except ValueError as exc:
-        raise CheckpointError(f"{model!r} is neither a checkpoint directory nor a preset ({exc})") from exc
+    except PresetError:
+        raise CheckpointError(f"{str(model)!r} is neither a checkpoint directory nor a preset; expected a model "
+                              f"directory or one of {', '.join(preset_names())}") from None
+
+
+def _not_found(path: str | Path) -> str:
+    what = "not a directory" if Path(path).exists() else "checkpoint directory not found"
+    return (f"{what}: {path} (expected a model directory such as models/nano-s-b32, "
+            f"or a preset: {', '.join(preset_names())})")

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from transformers import Qwen3VLConfig
 
+from ..errors import WamDiffError
+
 # Qwen3-VL's own special-token ids in its 151,936-token vocabulary.
 QWEN_SPECIAL_IDS = {
     "pad_token_id": 151643,
@@ -20,6 +22,10 @@ QWEN_SPECIAL_IDS = {
     "video_token_id": 151656,
 }
 QWEN_VOCAB_SIZE = 151936
+
+
+class PresetError(WamDiffError, ValueError):
+    """A model preset name that is not one of `PRESETS`."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ def preset_names() -> list[str]:
 
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; expected one of {preset_names()}")
+        raise PresetError(f"unknown model preset {name!r}; expected one of {', '.join(preset_names())}")
     return PRESETS[name]
 
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import yaml
 
 from wam_diff_core.control import ControllerConfig
+from wam_diff_core.errors import WamDiffError
 
 from .route_planner import RoutePlannerConfig
 
@@ -28,7 +29,7 @@ SENSOR_KEYS = {
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "carla_agent.yaml"
 
 
-class AgentConfigError(ValueError):
+class AgentConfigError(WamDiffError, ValueError):
     """Bad agent configuration; the message names the file and field."""
 
 

@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from wam_diff_core.errors import WamDiffError
+
 # Bench2Drive tools/ability_benchmark.py: scenario types per ability (ability names as the project's).
 ABILITY_SCENARIOS: dict[str, tuple[str, ...]] = {
     "overtaking": ("Accident", "AccidentTwoWays", "ConstructionObstacle", "ConstructionObstacleTwoWays",
@@ -58,7 +60,7 @@ _PERCENT = re.compile(r"\b\d+\.?\d*%")
 AGENT_FILE = "wam_diff_agent.json"
 
 
-class ResultsError(ValueError):
+class ResultsError(WamDiffError, ValueError):
     """A result file that cannot be read as a leaderboard checkpoint; names the file."""
 
 

@@ -27,8 +27,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from wam_diff_core.errors import WamDiffError
 
-class RouteFileError(ValueError):
+
+class RouteFileError(WamDiffError, ValueError):
     """A route file that does not follow the Bench2Drive schema; the message names file, route and field."""
 
 

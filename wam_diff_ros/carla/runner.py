@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from wam_diff_core.console import console_main
+from wam_diff_core.errors import WamDiffError
 from wam_diff_ros.carla import results
 from wam_diff_ros.carla.route_xml import RouteFileError, parse_routes, split_route_file
 
@@ -33,7 +35,7 @@ MANIFEST = "run.json"
 COMPAT_NOTE = "written by wam-diff-bench2drive"
 
 
-class RunnerError(RuntimeError):
+class RunnerError(WamDiffError, RuntimeError):
     """A run that cannot start or continue; the message says what to change."""
 
 
@@ -332,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@console_main("wam-diff-bench2drive")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:

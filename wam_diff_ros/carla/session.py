@@ -17,12 +17,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from wam_diff_core.errors import WamDiffError
 from wam_diff_ros.carla.agent_config import validate_sensors
 
 SENSOR_TIMEOUT_S = 10.0
 
 
-class CarlaConnectionError(RuntimeError):
+class CarlaConnectionError(WamDiffError, RuntimeError):
     """No CARLA server answered; the message names host:port and the timeout."""
 
 
