@@ -1,31 +1,35 @@
 #!/usr/bin/env bash
-# GPU check of issue 6 (FlashInfer attention, CUDA-graph decoding): one prepared run on one GPU machine.
+# GPU check of the fast decoding path (FlashInfer attention, CUDA-graph decoding): one prepared run on one GPU
+# machine, its files in OUT_DIR (results/kernels/h200/ holds the last H200 run's).
 #
 #   scripts/gpu_check.sh --fetch-wheels   # on a machine with PyPI access: fetch the wheels into .whl/
 #   scripts/gpu_check.sh OUT_DIR          # on the GPU machine: tests + ladders, results into OUT_DIR
-#   scripts/gpu_check.sh --bf16-model models/nano-s-b32   # a bf16 copy in .gpu_models/ to carry (v33 run 2:
-#       TESTS=flashinfer TF_MODELS="nano .gpu_models/nano-s-b32" LADDERS=.gpu_models/nano-s-b32, carry
-#       [".whl", ".gpu_models"], models/*/model.safetensors and training/results moved out of the tree)
+#   scripts/gpu_check.sh --bf16-model models/nano-s-b32   # a bf16 copy in .gpu_models/ to carry, for
+#       TESTS=flashinfer TF_MODELS="nano .gpu_models/nano-s-b32" LADDERS=.gpu_models/nano-s-b32
 #
 # The GPU machine has python3 with torch/triton/pytest but no network: the wheels it lacks travel in
 # .whl/ (flashinfer-python 0.7.0 and its one import-time extra, apache-tvm-ffi; transformers at this
-# project's pin, since the machine's own is older). With the device tool: carry [".whl"] and run
-# `bash scripts/gpu_check.sh $OUT` with timeout_s 600 (the tree travels too: with .whl's 49 MB the tracked
-# models/*/model.safetensors, 30 MB, exceed the tool's 64 MiB, so move them out of the tree for the call;
-# nothing here reads them). Steps are ordered so that what needs no
-# FlashInfer lands first, each under its own time limit, and the ladders write their JSON after every
-# row: a step that runs out of time still leaves what it measured. The limits sum to under 10 min with one
-# TF_MODELS model (measured: v32 245 s in all; v33 430 s with every step and rung, the nano ladder 78 s and
-# the 2B's 240 s, both cut at their limits only after writing their last row; v33's second run, TESTS=flashinfer
-# and two TF_MODELS and one checkpoint's ladder, 253 s).
+# project's pin, since the machine's own is older). With the device tool: carry [".whl"] (and ".gpu_models")
+# and run `bash scripts/gpu_check.sh $OUT` with timeout_s 600; with .whl's 49 MB the tracked
+# models/*/model.safetensors (30 MB) exceed the tool's 64 MiB, so move them out of the tree for the call
+# (nothing here reads them). Steps are ordered so that what needs no FlashInfer lands first, each under its
+# own time limit, and the ladders write their JSON after every row: a step that runs out of time still leaves
+# what it measured. The limits sum to under 10 min with one TF_MODELS model (on an H200: about 4 min for the
+# default steps, 7 min with every step and rung; the ladders may reach their limits).
 # FlashInfer JIT-compiles its kernels on first use: `python -m kernels.jit_warmup` builds the four
 # modules the backend loads (batch and single prefill, head sizes 64 and 128) in parallel processes,
 # in the background while the SDPA tests run, so no timed run pays for a build. FLASHINFER_CUDA_ARCH_LIST
 # limits the builds to this GPU, and the backend keeps to the FA2 family unless
 # WAM_FLASHINFER_BACKEND=auto is set.
 #
-# Files written (the device tool brings back at most 8): env.txt, jit.log, tests.log, ladder.log,
-# summary.txt, tf_<model>.json per TF_MODELS, ladder_<model>.json per LADDERS.
+# Files written (the device tool brings back at most 8):
+#   env.txt      the GPU, CUDA, torch / transformers / flashinfer versions, what FlashInfer lacks here
+#   jit.log      the FlashInfer kernel builds
+#   tests.log    tests/test_kernels_gpu.py and the teacher-forced checks' output
+#   ladder.log   the ladders' output
+#   summary.txt  each step's start, exit status and last lines, with the seconds since the start
+#   tf_<model>.json      per TF_MODELS: top-1 agreement of each bf16 decoder variant with the float32 decode
+#   ladder_<model>.json  per LADDERS: tokens/s, ms per token and agreement per rung, block size, K and batch
 # Environment: TESTS=all|flashinfer|none (GPU test selection), TF_MODELS (teacher-forced check; default
 # nano), TF_STEPS, LADDERS (default "nano qwen3-vl-2b"; a checkpoint directory works too), LADDER_RUNGS,
 # LADDER_STEPS.

@@ -1,17 +1,21 @@
-"""scripts/balance_waits.py: standing junction samples whose label stays, cut to the departing ones."""
-import importlib.util
+"""`wam-diff-train balance-waits` (training.balance_waits): standing junction samples whose label stays, cut to
+the departing ones."""
+import argparse
 import json
-from pathlib import Path
 
 import pytest
 
+from training import balance_waits
+from training.cli import main as train_main
 from wam_diff_core.prompts import planning_prompt
 from wam_diff_core.types import EgoState
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("balance_waits", REPO / "scripts" / "balance_waits.py")
-balance_waits = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(balance_waits)
+
+def _main(argv: list) -> int:
+    """The command as `wam-diff-train balance-waits` runs it, its errors raised rather than printed."""
+    parser = argparse.ArgumentParser()
+    balance_waits.add_arguments(parser)
+    return balance_waits.run(parser.parse_args(argv))
 
 STAY = ",".join("0.00,0.00" for _ in range(8))
 GO = ",".join(f"{1.0 * i * i:.2f},0.00" for i in range(1, 9))  # 1 m in the first 0.5 s: drives off
@@ -31,7 +35,7 @@ def test_cuts_standing_stays_per_junction_scenario_and_keeps_the_rest_in_order(t
                + [_sample("hs", "highway", 0.0, STAY), _sample("d", "intersection", 0.0, "[]", task="detection")])
     src = tmp_path / "train.json"
     src.write_text(json.dumps(samples))
-    assert balance_waits.main([str(src), "--ratio", "1.0", "--seed", "3"]) == 0
+    assert train_main(["balance-waits", str(src), "--ratio", "1.0", "--seed", "3"]) == 0
     kept = [s["id"] for s in json.loads((tmp_path / "train_balanced.json").read_text())]
     stays = [k for k in kept if k.startswith("is")]
     assert len(stays) == 2 and len(kept) == 2 + 2 + 1 + 0 + 2
@@ -44,13 +48,15 @@ def test_cuts_standing_stays_per_junction_scenario_and_keeps_the_rest_in_order(t
     assert [s["id"] for s in again] == kept                              # seeded: the same subset
 
 
-def test_bad_input_is_named(tmp_path):
-    with pytest.raises(SystemExit, match="no such dataset file"):
-        balance_waits.main([str(tmp_path / "missing.json")])
+def test_bad_input_is_named(tmp_path, capsys):
+    with pytest.raises(balance_waits.BalanceError, match="no such dataset file"):
+        _main([str(tmp_path / "missing.json")])
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(SystemExit, match="expected a JSON list"):
-        balance_waits.main([str(tmp_path / "bad.json")])
-    with pytest.raises(SystemExit, match="--ratio -1.0"):
-        balance_waits.main([str(tmp_path / "bad.json"), "--ratio", "-1"])
+    with pytest.raises(balance_waits.BalanceError, match="expected a JSON list"):
+        _main([str(tmp_path / "bad.json")])
+    with pytest.raises(balance_waits.BalanceError, match="--ratio -1.0"):
+        _main([str(tmp_path / "bad.json"), "--ratio", "-1"])
     with pytest.raises(ValueError, match="ratio -1"):
         balance_waits.balance([], ratio=-1.0)
+    assert train_main(["balance-waits", str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err == f"wam-diff-train balance-waits: error: {tmp_path / 'missing.json'}: no such dataset file\n"

@@ -1,14 +1,19 @@
-"""scripts/bending_samples.py: the planning samples whose target bends, written beside their source."""
-import importlib.util
+"""`wam-diff-train bending-samples` (training.bending_samples): the planning samples whose target bends, written
+beside their source."""
+import argparse
 import json
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bending_samples", REPO / "scripts" / "bending_samples.py")
-bending = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bending)
+from training import bending_samples as bending
+from training.cli import main as train_main
+
+
+def _main(argv: list) -> int:
+    """The command as `wam-diff-train bending-samples` runs it, its errors raised rather than printed."""
+    parser = argparse.ArgumentParser()
+    bending.add_arguments(parser)
+    return bending.run(parser.parse_args(argv))
 
 STRAIGHT = ",".join(f"{5.0 * i:.2f},0.00" for i in range(1, 9))
 BENDING = ",".join(f"{5.0 * i:.2f},{-0.01 * i:.2f}" for i in range(1, 9))  # the first waypoint 0.01 m right
@@ -23,12 +28,12 @@ def test_keeps_planning_samples_with_a_lateral_offset_and_writes_beside_the_sour
     src = tmp_path / "train.json"
     src.write_text(json.dumps([_sample("s", STRAIGHT), _sample("b", BENDING), _sample("g", "garbage"),
                                _sample("d", "[]", task="detection")]))
-    assert bending.main([str(src)]) == 0
+    assert train_main(["bending-samples", str(src)]) == 0
     out = tmp_path / "train_bending.json"
     assert [s["id"] for s in json.loads(out.read_text())] == ["b"]
     assert bending.bends(_sample("b", BENDING), 0.01) and not bending.bends(_sample("b", BENDING), 0.09)
-    with pytest.raises(SystemExit, match="no such dataset file"):
-        bending.main([str(tmp_path / "missing.json")])
+    with pytest.raises(bending.BendingError, match="no such dataset file"):
+        _main([str(tmp_path / "missing.json")])
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(SystemExit, match="expected a JSON list"):
-        bending.main([str(tmp_path / "bad.json")])
+    with pytest.raises(bending.BendingError, match="expected a JSON list"):
+        _main([str(tmp_path / "bad.json")])

@@ -1,30 +1,34 @@
-"""scripts/compare_drives.py: closed-loop runs side by side (table, JSON, plot) from drive summaries."""
-import importlib.util
+"""`wam-diff compare-drives` (wam_diff_core.eval.compare_drives): closed-loop runs side by side (table, JSON, plot)
+from drive summaries."""
+import argparse
 import json
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("highway_env", reason="embedded world dependencies (requirements-sim.txt) not installed")
+from wam_diff_core.cli import main as wam_diff_main
+from wam_diff_core.eval import compare_drives as compare
 
-from wam_diff_core.sim.closed_loop import drive_suite  # noqa: E402
-from wam_diff_core.sim.routes import Route  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("compare_drives", REPO / "scripts" / "compare_drives.py")
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
-
-SHORT = [Route("t_highway", "highway", 11, 1.0, 60.0, 10.0, {"lanes": 3, "vehicles": 8, "ego_speed": 20.0}),
-         Route("t_left", "intersection", 9, 1.0, 90.0, 25.0, {"destination": "o1"})]
+def _main(argv: list) -> int:
+    """The command as `wam-diff compare-drives` runs it, its errors raised rather than printed."""
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    return compare.run(parser.parse_args(argv))
 
 
 def test_compare_reads_drive_summaries_and_writes_the_table_json_and_plot(tmp_path, capsys):
-    a = drive_suite(SHORT, "expert-plan", tmp_path / "a", frame_size=(64, 32), replan_every=4, progress=False)
-    b = drive_suite(SHORT, "constant-velocity", tmp_path / "b", frame_size=(64, 32), replan_every=4, progress=False,
+    pytest.importorskip("highway_env", reason="embedded world dependencies (requirements-sim.txt) not installed")
+    from wam_diff_core.sim.closed_loop import drive_suite
+    from wam_diff_core.sim.routes import Route
+
+    short = [Route("t_highway", "highway", 11, 1.0, 60.0, 10.0, {"lanes": 3, "vehicles": 8, "ego_speed": 20.0}),
+             Route("t_left", "intersection", 9, 1.0, 90.0, 25.0, {"destination": "o1"})]
+    a = drive_suite(short, "expert-plan", tmp_path / "a", frame_size=(64, 32), replan_every=4, progress=False)
+    b = drive_suite(short, "constant-velocity", tmp_path / "b", frame_size=(64, 32), replan_every=4, progress=False,
                     realtime=True)
     out = tmp_path / "cmp"
-    assert compare.main(["--out", str(out), f"expert plans={tmp_path / 'a'}", f"cv={tmp_path / 'b' / 'summary.json'}"]) == 0
+    assert wam_diff_main(["compare-drives", "--out", str(out), f"expert plans={tmp_path / 'a'}",
+                          f"cv={tmp_path / 'b' / 'summary.json'}"]) == 0
     rows = json.loads((out / "compare.json").read_text())
     assert [r["label"] for r in rows] == ["expert plans", "cv"]
     assert rows[0]["driving_score"] == pytest.approx(a["driving_score"])
@@ -38,14 +42,16 @@ def test_compare_reads_drive_summaries_and_writes_the_table_json_and_plot(tmp_pa
     assert (out / "compare.png").stat().st_size > 1000 and table in capsys.readouterr().out
 
 
-def test_compare_names_a_malformed_or_unreadable_run(tmp_path):
-    with pytest.raises(SystemExit, match="LABEL=PATH"):
-        compare.main(["--out", str(tmp_path), "no-label"])
-    with pytest.raises(SystemExit, match="cannot read"):
-        compare.main(["--out", str(tmp_path), f"x={tmp_path / 'missing'}"])
+def test_compare_names_a_malformed_or_unreadable_run(tmp_path, capsys):
+    with pytest.raises(compare.DriveSummaryError, match="LABEL=PATH"):
+        _main(["--out", str(tmp_path), "no-label"])
+    with pytest.raises(compare.DriveSummaryError, match="cannot read"):
+        _main(["--out", str(tmp_path), f"x={tmp_path / 'missing'}"])
     (tmp_path / "other.json").write_text('{"a": 1}')
-    with pytest.raises(SystemExit, match="not a wam-diff drive summary"):
-        compare.main(["--out", str(tmp_path), f"x={tmp_path / 'other.json'}"])
+    with pytest.raises(compare.DriveSummaryError, match="not a wam-diff drive summary"):
+        _main(["--out", str(tmp_path), f"x={tmp_path / 'other.json'}"])
+    assert wam_diff_main(["compare-drives", "--out", str(tmp_path), "no-label"]) == 2
+    assert capsys.readouterr().err.startswith("wam-diff compare-drives: error: 'no-label': expected LABEL=PATH")
 
 
 def test_runs_pool_and_select_by_traffic_offset(tmp_path):
@@ -63,9 +69,9 @@ def test_runs_pool_and_select_by_traffic_offset(tmp_path):
     _, suite = compare.load_run(f"x={tmp_path / 'a.json'}#0+{tmp_path / 'b.json'}")
     assert sorted(suite["routes"]) == ["h_00", "h_01"] and suite["driving_score"] == 60.0 and suite["success_rate"] == 50.0
     assert suite["frame_size"] == [64, 32]
-    with pytest.raises(SystemExit, match="more than one pooled run"):
+    with pytest.raises(compare.DriveSummaryError, match="more than one pooled run"):
         compare.load_run(f"x={tmp_path / 'a.json'}+{tmp_path / 'a.json'}")
-    with pytest.raises(SystemExit, match="keeps no route"):
+    with pytest.raises(compare.DriveSummaryError, match="keeps no route"):
         compare.load_run(f"x={tmp_path / 'b.json'}#70000")
-    with pytest.raises(SystemExit, match="seed offsets, got 'new'"):
+    with pytest.raises(compare.DriveSummaryError, match="seed offsets, got 'new'"):
         compare.load_run(f"x={tmp_path / 'b.json'}#new")

@@ -1,16 +1,23 @@
-"""scripts/expert_probe.py: policies' plans beside the expert's while the expert drives a route."""
-import importlib.util
+"""`wam-diff expert-probe` (wam_diff_core.sim.expert_probe): policies' plans beside the expert's while the expert
+drives a route."""
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("highway_env", reason="embedded world dependencies (requirements-sim.txt) not installed")
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("expert_probe", REPO / "scripts" / "expert_probe.py")
-probe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(probe)
+from wam_diff_core.cli import main as wam_diff_main  # noqa: E402
+from wam_diff_core.errors import WamDiffError  # noqa: E402
+from wam_diff_core.sim import expert_probe as probe  # noqa: E402
+
+
+def _main(argv: list) -> int:
+    """The command as `wam-diff expert-probe` runs it, its errors raised rather than printed."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    probe.add_arguments(parser)
+    return probe.run(parser.parse_args(argv))
 
 LEFT = {"route_id": "t_left", "scenario": "intersection", "seed": 9, "density": 1.0, "target_distance_m": 90.0,
         "time_limit_s": 25.0, "options": {"destination": "o1"}}
@@ -20,8 +27,8 @@ def test_probe_records_each_policy_beside_the_expert_at_every_replan(tmp_path, c
     suite = tmp_path / "suite.json"
     suite.write_text(json.dumps({"routes": [LEFT]}))
     out = tmp_path / "probe"
-    assert probe.main(["--route", "t_left", "--routes", str(suite), "--out", str(out), "--frame-size", "64x32",
-                       "cv=constant-velocity", "twin=expert-plan"]) == 0
+    assert wam_diff_main(["expert-probe", "--route", "t_left", "--routes", str(suite), "--out", str(out),
+                          "--frame-size", "64x32", "cv=constant-velocity", "twin=expert-plan"]) == 0
     result = json.loads((out / "t_left.json").read_text())
     assert result["status"] == "Completed" and result["horizons_s"] == [1.0, 2.0, 4.0]
     rows = result["rows"]
@@ -34,9 +41,9 @@ def test_probe_records_each_policy_beside_the_expert_at_every_replan(tmp_path, c
 
 
 def test_probe_refuses_a_model_without_a_label_a_bad_frame_size_and_an_unknown_route(tmp_path):
-    with pytest.raises(SystemExit, match="LABEL=PATH"):
-        probe.main(["--route", "t_left", "--out", str(tmp_path), "constant-velocity"])
-    with pytest.raises(SystemExit, match="expected WxH"):
-        probe.main(["--route", "roundabout_01", "--out", str(tmp_path), "--frame-size", "12", "cv=constant-velocity"])
-    with pytest.raises(SystemExit, match="not in suite"):
-        probe.main(["--route", "no_such_route", "--out", str(tmp_path), "cv=constant-velocity"])
+    with pytest.raises(probe.ProbeError, match="LABEL=PATH"):
+        _main(["--route", "t_left", "--out", str(tmp_path), "constant-velocity"])
+    with pytest.raises((SystemExit, WamDiffError), match="expected WxH"):  # the frame size is the world's to check
+        _main(["--route", "roundabout_01", "--out", str(tmp_path), "--frame-size", "12", "cv=constant-velocity"])
+    with pytest.raises(probe.ProbeError, match="not in suite"):
+        _main(["--route", "no_such_route", "--out", str(tmp_path), "cv=constant-velocity"])

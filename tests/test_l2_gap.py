@@ -1,6 +1,7 @@
-"""scripts/l2_gap.py: paired planning L2 of several models with bootstrap intervals of the gap to a reference."""
+"""`wam-diff-train l2-gap` (training.report.l2_gap_cli): paired planning L2 of several models with bootstrap
+intervals of the gap to a reference."""
+import argparse
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,13 +11,17 @@ from PIL import Image
 
 from wam_diff_core.codec import format_trajectory
 from wam_diff_core.eval.l2 import l2_per_horizon, l2_per_sample
+from training.cli import main as train_main
+from training.report import l2_gap_cli as gap
 from training.report.l2_gap import compare, tail
 from wam_diff_core.model.checkpoint import load_model, save_model
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("l2_gap", REPO / "scripts" / "l2_gap.py")
-gap = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gap)
+
+def _main(argv: list) -> int:
+    """The command as `wam-diff-train l2-gap` runs it, its errors raised rather than printed."""
+    parser = argparse.ArgumentParser()
+    gap.add_arguments(parser)
+    return gap.run(parser.parse_args(argv))
 
 
 def test_per_sample_errors_average_to_the_per_horizon_errors():
@@ -102,7 +107,7 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     save_model(fixed, tmp_path / "fixed")
     split, out = _split(tmp_path / "data"), tmp_path / "gap"
     args = ["--data", str(split), "--samples", "3", "--out", str(out), f"a={tmp_path / 'fixed'}", f"b={tmp_path / 'fixed'}"]
-    assert gap.main(args) == 0
+    assert _main(args) == 0
     result = json.loads((out / "l2_gap.json").read_text())
     a, b = result["models"]
     assert result["reference"] == "a" and result["plans"] == 3 and a["invalid"] == b["invalid"] == 0  # the grammar
@@ -115,30 +120,30 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     for row in rows:
         row["text"] = format_trajectory(np.stack([np.arange(1, 9) * (int(row["id"][1:]) + 1.0), np.full(8, 3.0)], axis=1))
     (out / "predictions" / "b_planning.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert gap.main(args + ["--resume"]) == 0
+    assert _main(args + ["--resume"]) == 0
     b = json.loads((out / "l2_gap.json").read_text())["models"][1]
     assert b["per_horizon"] == pytest.approx([3.0] * 8)  # 3 m to the side at every horizon
     assert b["per_horizon_diff"] == pytest.approx((np.asarray(b["per_horizon"]) - a["per_horizon"]).tolist())
     assert "Paired difference to the reference by horizon" in (out / "l2_gap.md").read_text()
     assert b["l2_mean"] == pytest.approx(3.0)
     # @BxK decodes the checkpoint at another block size and K, recorded as such
-    assert gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2"]) == 0
+    assert _main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2"]) == 0
     c = json.loads((out / "l2_gap.json").read_text())["models"][2]
     assert (c["block_size"], c["steps"], c["invalid"]) == (4, 2, 0)
     assert json.loads((out / "predictions" / "c_planning.decode.json").read_text())["block_size"] == 4
     # :cosine decodes with the cosine commit schedule, recorded as such; asking "c" for it is refused
-    assert gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2", f"d={tmp_path / 'fixed'}@4x2:cosine"]) == 0
+    assert _main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2", f"d={tmp_path / 'fixed'}@4x2:cosine"]) == 0
     d = json.loads((out / "l2_gap.json").read_text())["models"][3]
     assert (d["block_size"], d["steps"], d["schedule"], d["invalid"]) == (4, 2, "cosine", 0)
-    with pytest.raises(SystemExit, match="schedule linear, forward only False, asked for B = 4, K = 2, schedule cosine"):
-        gap.main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2:cosine"])
+    with pytest.raises(gap.ModelSpecError, match="schedule linear, forward only False, asked for B = 4, K = 2, schedule cosine"):
+        _main(["--resume"] + args + [f"c={tmp_path / 'fixed'}@4x2:cosine"])
     # so is a file decoded without the forward-only bound, asked with it
-    with pytest.raises(SystemExit, match="schedule linear, forward only False, asked for .* forward only True"):
-        gap.main(["--resume", "--forward-only", "on"] + args + [f"c={tmp_path / 'fixed'}@4x2"])
+    with pytest.raises(gap.ModelSpecError, match="schedule linear, forward only False, asked for .* forward only True"):
+        _main(["--resume", "--forward-only", "on"] + args + [f"c={tmp_path / 'fixed'}@4x2"])
     # a resumed file decoded with another K is refused, not mislabelled
     (out / "predictions" / "b_planning.decode.json").write_text(json.dumps({"steps": 4}))
-    with pytest.raises(SystemExit, match="decoded with B = 1, K = 4, schedule linear, forward only False, asked for B = 1, K = 1"):
-        gap.main(args + ["--resume"])
+    with pytest.raises(gap.ModelSpecError, match="decoded with B = 1, K = 4, schedule linear, forward only False, asked for B = 1, K = 1"):
+        _main(args + ["--resume"])
 
 
 def test_bad_model_arguments_exit_naming_them(tmp_path):
@@ -148,12 +153,18 @@ def test_bad_model_arguments_exit_naming_them(tmp_path):
     assert gap.split_schedule(f"a={tmp_path}@16x2:cosine") == (f"a={tmp_path}@16x2", "cosine")
     assert gap.split_schedule(f"a={tmp_path}") == (f"a={tmp_path}", "linear")
     for bad in ("x", "16x", "0", "1x2x3"):
-        with pytest.raises(SystemExit, match=f"expected K or BxK .* got '{bad}'"):
+        with pytest.raises(gap.ModelSpecError, match=f"expected K or BxK .* got '{bad}'"):
             gap.parse_model(f"a={tmp_path}@{bad}", 4)
-    with pytest.raises(SystemExit, match="expected LABEL=CHECKPOINT_DIR"):
-        gap.main(["--data", "x.json", "--out", str(tmp_path), "nolabel"])
-    with pytest.raises(SystemExit, match="not found"):
-        gap.main(["--data", "x.json", "--out", str(tmp_path), f"a={tmp_path / 'missing'}"])
+    with pytest.raises(gap.ModelSpecError, match="expected LABEL=CHECKPOINT_DIR"):
+        _main(["--data", "x.json", "--out", str(tmp_path), "nolabel"])
+    with pytest.raises(gap.ModelSpecError, match="not found"):
+        _main(["--data", "x.json", "--out", str(tmp_path), f"a={tmp_path / 'missing'}"])
+
+
+def test_the_command_prints_a_bad_model_argument_as_one_line(tmp_path, capsys):
+    assert train_main(["l2-gap", "--data", "x.json", "--out", str(tmp_path), "nolabel"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["wam-diff-train l2-gap: error: 'nolabel': expected LABEL=CHECKPOINT_DIR[@K | @BxK]"]
 
 
 def _predictions(path: Path, side: float, n: int = 3, broken: tuple = ()) -> Path:

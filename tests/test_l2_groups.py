@@ -1,5 +1,4 @@
-"""training.report.groups and scripts/l2_gap.py --by-group: planning L2 and along-track bias per kind of plan."""
-import importlib.util
+"""training.report.groups and `wam-diff-train l2-gap --by-group`: planning L2 and along-track bias per kind of plan."""
 import json
 from pathlib import Path
 
@@ -7,13 +6,9 @@ import numpy as np
 import pytest
 
 from training.report import groups
+from training.report import l2_gap_cli as gap
 from training.report.l2_gap import plans_by_id
 from wam_diff_core.codec import format_trajectory
-
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("l2_gap", REPO / "scripts" / "l2_gap.py")
-gap = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gap)
 
 # id -> (scenario, ego forward speed m/s); references run straight ahead at 1 m per 0.5 s
 PLANS = {"i0": ("intersection", 5.0), "r0": ("roundabout", 8.0), "h0": ("highway", 19.9), "h1": ("cut_in", 20.0),

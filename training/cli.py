@@ -7,9 +7,10 @@
   wam-diff-train eval    --model CKPT --data VAL.json --steps 8     (decode + score a split)
   wam-diff-train speed   --init CKPT --data D --block-sizes 1,32 [--variants float32,bf16+compile+clean]
                          [--teacher CKPT]   (seconds per optimizer step)
-  wam-diff-train recipe  training/recipes/nano_s_b32.yaml [--resume]  (a model card's commands, timed)
+  wam-diff-train recipe  training/recipes/nano_s.yaml [--resume]  (a model card's commands, timed)
   wam-diff-train average A B [C ...] --out DST [--weights 0.5,0.5]   (parameter average of one lineage)
   wam-diff-train provenance RUN_A RUN_B     (which recorded input or step output differs between two runs)
+  wam-diff-train l2-gap | speed-pass | balance-waits | bending-samples ...   (see COMMANDS; each with --help)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
 Runs under `torchrun --nproc_per_node N -m training.cli ...` as well (DDP; gloo on CPU).
@@ -17,6 +18,7 @@ Runs under `torchrun --nproc_per_node N -m training.cli ...` as well (DDP; gloo 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 from typing import Optional
@@ -29,6 +31,14 @@ from wam_diff_core.model.settings import SCHEDULES
 from .config import Config, ConfigError, load_config, set_key, validate
 
 STAGES = ("ar", "adapt", "distill")
+# sub-commands in modules of their own, each exposing add_arguments(parser) and run(args) -> int (as `wam-diff`'s);
+# imported only when named, so the stages start without them. name -> (module, one-line help)
+COMMANDS = {
+    "l2-gap": ("training.report.l2_gap_cli", "planning L2 of several models on the same plans, paired intervals"),
+    "speed-pass": ("training.report.speed_pass", "planning tokens/s of several decodings taking turns per sample"),
+    "balance-waits": ("training.balance_waits", "junction waits rebalanced: DIR/train_balanced.json beside each file"),
+    "bending-samples": ("training.bending_samples", "the planning samples whose target bends: DIR/train_bending.json"),
+}
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -117,7 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     prov = sub.add_parser("provenance", help="compare the digests two runs record (recipe.json, a stage's summary)")
     prov.add_argument("a", help="recipe.json, summary.json / run_config.json, or the directory holding one")
     prov.add_argument("b", help="the same for the other run")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+def run_command(name: str, rest: list[str]) -> int:
+    """One of COMMANDS: its module parses `rest` and runs."""
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"wam-diff-train {name}", description=help_text)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(rest)) or 0)
 
 
 def _data_entry(text: str) -> dict:
@@ -252,6 +273,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 @console_main("wam-diff-train", subcommands=True)
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return run_command(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     return run(args)
 

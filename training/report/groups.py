@@ -4,7 +4,7 @@ A mean over all validation plans hides that a model can plan roads well and junc
 falls in one group by its meta: its scenario when that is a junction (`JUNCTIONS`), else a road plan split by the
 ego's forward speed at `SPEED_SPLIT_MPS`. Per group and model: the plans, the mean L2 over the horizon and the
 mean along-track bias at the last waypoint (plan x minus reference x, ego frame: + runs ahead, - falls short).
-Used by `scripts/l2_gap.py --by-group`.
+Used by `wam-diff-train l2-gap --by-group`.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ bootstrap interval.
 Planning samples differ far more among themselves than two models differ on them, so each model's own
 interval is wide while the gap, resampled with one draw of plans for all models (paired), is much tighter.
 A gap is "within" a bound when its whole 95 % interval lies at or below it, "outside" when the whole interval
-lies above it, else "undecided" (more plans needed). Used by `wam-diff report` (a column per model against
-its AR reference) and `scripts/l2_gap.py` (many models on many plans).
+lies above it, else "undecided" (more plans needed). Used by the report (a column per model against its AR
+reference) and `wam-diff-train l2-gap` (many models on many plans).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from wam_diff_core.eval.l2 import l2_per_sample
 
 DRAWS = 2000
 LEVEL = 0.95
-BOUND = 0.05  # issue 8's "planning L2 within 5 % of AR"
+BOUND = 0.05  # the target: "planning L2 within 5 % of AR"
 TAIL = 0.03  # the share of plans whose part of a gap `tail` reports
 WORST = 5  # plans listed per model by `tail`
 

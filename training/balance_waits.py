@@ -1,36 +1,39 @@
-"""Junction waits rebalanced: a dataset file beside its source with fewer "keep standing" samples.
+"""`wam-diff-train balance-waits`: junction waits rebalanced, a dataset file beside its source with fewer "keep
+standing" samples.
 
 A model that cannot tell whether a junction's crossing traffic has cleared learns the majority answer for a
-standing ego, and in the short chain's data (v23) that answer is "stay": of the standing intersection samples
-94 % have labels the controller holds a stop on (345 of 368 in the expert planning set). Such a model, once stopped at an intersection, never drives
-off (all 8 suite intersections "agent blocked" for (f) and (g)). For each source `DIR/train.json` this writes
-`DIR/train_balanced.json` (image paths stay valid: relative to DIR) where, per junction scenario, the standing
-samples whose label stays are subsampled (seeded) to at most --ratio times the standing samples whose label drives
-off (`label_departs`, the controller's rule); every other sample is kept in its order.
+standing ego, and in the expert's planning data that answer is "stay": of the standing intersection samples
+94 % have labels the controller holds a stop on (345 of 368). Such a model, once stopped at an intersection,
+never drives off. For each source `DIR/train.json` this writes `DIR/train_balanced.json` (image paths stay valid:
+relative to DIR) where, per junction scenario, the standing samples whose label stays are subsampled (seeded) to
+at most --ratio times the standing samples whose label drives off (`label_departs`, the controller's rule);
+every other sample is kept in its order.
 
-    .venv/bin/python scripts/balance_waits.py runs/fast/dagger/train.json runs/fast/data_junction/train.json
+    wam-diff-train balance-waits runs/nano_s/data_junction/train.json runs/nano_s/dagger1/train.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from wam_diff_core.control import ControllerConfig  # noqa: E402
-from wam_diff_core.prompts import parse_planning_ego  # noqa: E402
-from wam_diff_core.sim.dagger import label_departs  # noqa: E402
+from wam_diff_core.control import ControllerConfig
+from wam_diff_core.errors import WamDiffError
+from wam_diff_core.prompts import parse_planning_ego
+from wam_diff_core.sim.dagger import label_departs
 
 SUFFIX = "_balanced"
 JUNCTION_SCENARIOS = ("intersection", "roundabout")
 DEFAULT_RATIO = 1.0
 DEFAULT_SEED = 0
+
+
+class BalanceError(WamDiffError, ValueError):
+    """A source that is not a dataset file, or a ratio below 0."""
 
 
 def standing(sample: dict) -> bool:
@@ -43,7 +46,7 @@ def balance(samples: list, ratio: float = DEFAULT_RATIO, seed: int = DEFAULT_SEE
     """The samples with each junction scenario's standing-and-staying samples cut to <= ratio x its
     standing-and-departing ones; returns (kept samples in order, per-scenario counts)."""
     if not ratio >= 0.0:
-        raise ValueError(f"ratio {ratio}: expected >= 0")
+        raise BalanceError(f"ratio {ratio}: expected >= 0")
     stay, go = defaultdict(list), defaultdict(int)
     for i, s in enumerate(samples):
         scenario = s.get("meta", {}).get("scenario")
@@ -68,29 +71,26 @@ def write_balanced(src: Path, ratio: float = DEFAULT_RATIO, seed: int = DEFAULT_
     """Write SRC's rebalanced samples beside it; returns (path, samples in, samples kept, per-scenario counts)."""
     samples = json.loads(src.read_text())
     if not isinstance(samples, list):
-        raise SystemExit(f"{src}: expected a JSON list of samples, got {type(samples).__name__}")
+        raise BalanceError(f"{src}: expected a JSON list of samples, got {type(samples).__name__}")
     keep, counts = balance(samples, ratio, seed)
     out = src.with_name(src.stem + SUFFIX + src.suffix)
     out.write_text(json.dumps(keep))
     return out, len(samples), len(keep), counts
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sources", nargs="+", type=Path, help="planning dataset JSON files")
     parser.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
                         help="standing-and-staying samples kept per standing-and-departing one, per junction scenario")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the subsample")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if not args.ratio >= 0.0:
-        raise SystemExit(f"--ratio {args.ratio}: expected a number >= 0")
+        raise BalanceError(f"--ratio {args.ratio}: expected a number >= 0")
     for src in args.sources:
         if not src.is_file():
-            raise SystemExit(f"{src}: no such dataset file")
+            raise BalanceError(f"{src}: no such dataset file")
         out, n, k, counts = write_balanced(src, args.ratio, args.seed)
         print(f"{src}: kept {k} of {n} samples -> {out}; {json.dumps(counts)}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

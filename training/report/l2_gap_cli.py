@@ -1,4 +1,5 @@
-"""Planning L2 of several models on the same validation plans, with paired bootstrap confidence intervals.
+"""`wam-diff-train l2-gap`: planning L2 of several models on the same validation plans, with paired bootstrap
+confidence intervals.
 
 The report scores 64 plans per model; whether a B = 32 model's L2 is "within 5 % of AR" needs to know how far
 that number moves with the plans drawn. This decodes the same `--samples` evenly spaced planning samples with
@@ -8,59 +9,64 @@ models) to give each model's mean L2 and its relative gap to the first model, wi
 (`training.report.l2_gap`). A gap is "within" the bound when the whole interval lies below it, "outside" when
 the whole interval lies above it, else "undecided".
 
-    .venv/bin/python scripts/l2_gap.py --data runs/occ/data_plan/val.json --samples 512 --out runs/v14/l2_gap \\
-        "AR v10=models/nano-s-ar" "(w)=models/nano-s-b32" "(w) K8=models/nano-s-b32@8" "(w) B16=models/nano-s-b32@16x4"
+    wam-diff-train l2-gap --data runs/nano_s/data_plan/val.json --samples 1640 --forward-only on \\
+        --out runs/l2_gap nano-s-ar=models/nano-s-ar nano-s-b32=models/nano-s-b32 "nano-s-b32 K8=models/nano-s-b32@8"
 
 A model spec may end in :SCHEDULE (`linear`, the default, or `cosine`: how many positions each denoising step
-commits, `wam_diff_core/decoding/remasking.py`), e.g. "(zh) cosine=models/nano-s-b32:cosine".
+commits, `wam_diff_core/decoding/remasking.py`), e.g. "nano-s-b32 cosine=models/nano-s-b32:cosine".
 
 Writes OUT/l2_gap.json, OUT/l2_gap.md (the table), OUT/l2_gap.png (L2 against horizon, 95 % bands) and the
 predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume) with each decode's clock beside them
 (<label>_planning.decode.json: K, tokens, seconds; tokens/s is each model's own pass, one after the other, not
-the report's interleaved speed pass). With --by-group also OUT/l2_by_group.{json,md}: each model's mean L2 and
-along-track bias at 4 s per kind of plan (intersection, roundabout, road plans below / above 20 m/s;
-`training.report.groups`) on the same plans.
+the interleaved speed pass of `wam-diff-train speed-pass`). With --by-group also OUT/l2_by_group.{json,md}: each
+model's mean L2 and along-track bias at 4 s per kind of plan (intersection, roundabout, road plans below / above
+20 m/s; `training.report.groups`) on the same plans.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from wam_diff_core.constants import NUM_WAYPOINTS, SCHEDULES, WAYPOINT_DT_S
+from wam_diff_core.decoding.config import step_count
+from wam_diff_core.errors import WamDiffError
+from wam_diff_core.policy import TASK_BUDGET
 
-from training.report.open_loop import decode_examples, decoder_config, load_split, write_predictions  # noqa: E402
-from training.report.l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth, plans_by_id  # noqa: E402
-from training.report import groups as plan_groups  # noqa: E402
-from training.report.outputs import write_outputs  # noqa: E402
-from training.report.spec import slugify  # noqa: E402
-from wam_diff_core.constants import NUM_WAYPOINTS, WAYPOINT_DT_S  # noqa: E402
-from wam_diff_core.model.settings import SCHEDULES, steps_for_block  # noqa: E402
-from wam_diff_core.policy import TASK_BUDGET  # noqa: E402
+from . import groups as plan_groups
+from .l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth, plans_by_id
+from .open_loop import decode_examples, decoder_config, load_split, write_predictions
+from .outputs import write_outputs
+from .spec import slugify
 
 STRATEGY, THRESHOLD = "low_confidence_dynamic", 0.9
+
+
+class ModelSpecError(WamDiffError, ValueError):
+    """A model argument that cannot be served: malformed, a missing checkpoint, a label given twice, saved
+    predictions decoded otherwise than asked, or no plan that every model parses."""
 
 
 def parse_model(spec: str, default_steps: int) -> tuple[str, str, Optional[int], int]:
     """LABEL=CHECKPOINT_DIR[@K | @BxK] -> (label, path, block size or None for the trained one, K)."""
     label, sep, path = spec.partition("=")
     if not sep or not label or not path:
-        raise SystemExit(f"{spec!r}: expected LABEL=CHECKPOINT_DIR[@K | @BxK]")
+        raise ModelSpecError(f"{spec!r}: expected LABEL=CHECKPOINT_DIR[@K | @BxK]")
     block, steps = None, default_steps
     head, at, tail = path.rpartition("@")
     if at and not Path(path).is_dir():
         parts = tail.split("x")
         if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-            raise SystemExit(f"{spec!r}: after '@' expected K or BxK (positive integers, e.g. 8 or 16x4), got {tail!r}")
+            raise ModelSpecError(f"{spec!r}: after '@' expected K or BxK (positive integers, e.g. 8 or 16x4), "
+                                 f"got {tail!r}")
         path, steps = head, int(parts[-1])
         block = int(parts[0]) if len(parts) == 2 else None
     if not Path(path).is_dir():
-        raise SystemExit(f"{spec!r}: checkpoint directory {path} not found")
+        raise ModelSpecError(f"{spec!r}: checkpoint directory {path} not found")
     return label, path, block, steps
 
 
@@ -134,8 +140,7 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE], the first the reference")
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=int, default=512)
@@ -151,51 +156,60 @@ def main(argv=None) -> int:
     p.add_argument("--resume", action="store_true", help="reuse predictions already in OUT/predictions")
     p.add_argument("--by-group", action="store_true",
                    help="also write OUT/l2_by_group.{json,md}: L2 and along-track bias per kind of plan")
-    args = p.parse_args(argv)
+
+
+def _decode_one(args: argparse.Namespace, out: Path, label: str, path: str, block: Optional[int], steps: int,
+                schedule: str) -> tuple[dict, Path]:
+    """Decode (or, with --resume, reuse) one model's plans: (its row of the result so far, its predictions file).
+    Refuses a resumed file decoded another way than asked."""
     from wam_diff_core.model.checkpoint import load_model
 
+    loaded = load_model(path)
+    B = block or loaded.settings.trained_block_size
+    K = step_count(B, steps)
+    forward = args.forward_only == "on"
+    pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
+    clock_path = pred_path.with_suffix(".decode.json")
+    if not (args.resume and pred_path.is_file()):
+        examples = load_split(Path(args.data), loaded, "planning", args.samples)
+        cfg = dataclasses.replace(decoder_config(B, K, STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
+                                                 args.number_order == "on", args.kinematic_envelope == "on",
+                                                 forward), schedule=schedule)
+        decoded = decode_examples(loaded, examples, cfg, desc=label)
+        write_predictions(pred_path, decoded)
+        clock = {"block_size": B, "steps": cfg.steps, "schedule": schedule, "forward_only": cfg.forward_only,
+                 "tokens": decoded.tokens, "seconds": decoded.seconds,
+                 "tokens_per_s": decoded.tokens_per_s, "forwards_per_token": decoded.forwards_per_token}
+        clock_path.write_text(json.dumps(clock, indent=2) + "\n")
+    clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
+    found = (clock.get("block_size", B), clock.get("steps", K), clock.get("schedule", "linear"),
+             clock.get("forward_only", False))
+    if found != (B, K, schedule, forward):
+        raise ModelSpecError(f"{label}: {pred_path} was decoded with B = {found[0]}, K = {found[1]}, schedule "
+                         f"{found[2]}, forward only {found[3]}, asked for B = {B}, K = {K}, schedule {schedule}, "
+                         f"forward only {forward}; use another label or --out")
+    return ({"label": label, "path": path, "block_size": B, "steps": K, "schedule": schedule,
+             "tokens_per_s": clock.get("tokens_per_s")}, pred_path)
+
+
+def run(args: argparse.Namespace) -> int:
     models = []
     for spec in args.models:
         spec, schedule = split_schedule(spec)
         models.append((*parse_model(spec, args.steps), schedule))
     if len({m[0] for m in models}) != len(models):
-        raise SystemExit("model labels must differ")
+        raise ModelSpecError("model labels must differ")
     out, split = Path(args.out), Path(args.data)
     truth = ground_truth(split)
-    rows, errors, common = [], [], None
-    for label, path, block, steps, schedule in models:
-        loaded = load_model(path)
-        B = block or loaded.settings.trained_block_size
-        K = steps_for_block(B, steps)
-        pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
-        clock_path = pred_path.with_suffix(".decode.json")
-        if not (args.resume and pred_path.is_file()):
-            examples = load_split(split, loaded, "planning", args.samples)
-            cfg = dataclasses.replace(decoder_config(B, K, STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
-                                                     args.number_order == "on", args.kinematic_envelope == "on",
-                                                     args.forward_only == "on"), schedule=schedule)
-            decoded = decode_examples(loaded, examples, cfg, desc=label)
-            write_predictions(pred_path, decoded)
-            clock = {"block_size": B, "steps": cfg.steps, "schedule": schedule, "forward_only": cfg.forward_only,
-                     "tokens": decoded.tokens, "seconds": decoded.seconds,
-                     "tokens_per_s": decoded.tokens_per_s, "forwards_per_token": decoded.forwards_per_token}
-            clock_path.write_text(json.dumps(clock, indent=2) + "\n")
-        clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
-        forward = args.forward_only == "on"
-        found = (clock.get("block_size", B), clock.get("steps", K), clock.get("schedule", "linear"),
-                 clock.get("forward_only", False))
-        if found != (B, K, schedule, forward):
-            raise SystemExit(f"{label}: {pred_path} was decoded with B = {found[0]}, K = {found[1]}, schedule "
-                             f"{found[2]}, forward only {found[3]}, asked for B = {B}, K = {K}, schedule {schedule}, "
-                             f"forward only {forward}; use another label or --out")
+    rows, errors = [], []
+    for model in models:
+        row, pred_path = _decode_one(args, out, *model)
         errs, invalid = errors_by_id(truth, pred_path)
-        rows.append({"label": label, "path": path, "block_size": B, "steps": K, "schedule": schedule,
-                     "tokens_per_s": clock.get("tokens_per_s"), "invalid": len(invalid), "predictions": str(pred_path)})
+        rows.append(row | {"invalid": len(invalid), "predictions": str(pred_path)})
         errors.append(errs)
-        common = set(errs) if common is None else common & set(errs)
-    ids = sorted(common)
+    ids = sorted(set.intersection(*(set(e) for e in errors)))
     if not ids:
-        raise SystemExit("no plan parses for every model")
+        raise ModelSpecError("no plan parses for every model")
     stats = compare([np.stack([e[i] for i in ids]) for e in errors], args.bound, ids=ids)
     result = {"data": str(split), "plans": len(ids), "reference": models[0][0], "bound": args.bound,
               "decoding": {"strategy": STRATEGY, "threshold": THRESHOLD,
@@ -215,7 +229,3 @@ def write_by_group(out: Path, split: Path, truth: dict, rows: list[dict], ids: l
               for r in rows}
     write_outputs(out, "l2_by_group", {"data": str(split), "plans": len(ids), "groups": tables},
                   plan_groups.markdown(tables))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

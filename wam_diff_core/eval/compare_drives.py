@@ -1,35 +1,44 @@
-"""Closed-loop runs side by side: DS, SR, collisions, plans, realtime latency and DS per scenario.
+"""`wam-diff compare-drives`: closed-loop runs side by side: DS, SR, collisions, plans, realtime latency and DS
+per scenario.
 
 Each argument is LABEL=PATH with PATH a `wam-diff drive` output directory or its summary.json. Writes
 OUT/compare.json, OUT/compare.md (the table) and OUT/compare.png (DS per scenario, one bar per run), and prints
 the table.
 
-    .venv/bin/python scripts/compare_drives.py --out runs/v13/compare \\
-        "B32 lockstep=runs/v13/w_default" "B32 realtime=runs/v13/rt_b32" "AR realtime=runs/v13/rt_ar"
+    wam-diff compare-drives --out runs/compare "B32 lockstep=runs/drive_b32" "B32 realtime=runs/drive_b32_rt"
 
 A PATH may be several runs joined by '+' (their routes pooled; a route id in two of them is an error), each
 optionally followed by '#OFFSETS' (comma-separated traffic seed offsets of `wam-diff drive --seed-offsets`; 0: the
 suite's own traffic), which keeps only those routes. DS and SR are then recomputed over the routes kept (plans,
 latency and the run settings are left out when a selection or pooling makes them partial):
 
-    "(ze) new traffic=runs/v18/drive_ze#50000,60000" "(zh) all 144=runs/v16/suite_zh+runs/v16/seeds_zh"
+    "nano-s-b32 new traffic=runs/drive_seeds#50000,60000" "nano-s-b32 all=runs/drive_suite+runs/drive_seeds"
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from training.report import scenario_scores  # noqa: E402
-from training.report.outputs import write_outputs  # noqa: E402
-
+from ..errors import WamDiffError
 
 _OFFSET = re.compile(r"_s(\d+)$")
 PARTIAL_KEYS = ("plans", "latency_ticks_mean")  # whole-run counts a route selection cannot split
+STEM = "compare"
+
+
+class DriveSummaryError(WamDiffError, ValueError):
+    """A run argument that is malformed, unreadable, not a drive summary, or selects no route."""
+
+
+def scenario_scores(summary: dict) -> dict:
+    """DS per scenario type and the number of routes that ended in (or recorded) a vehicle collision."""
+    per, collisions = {}, 0
+    for rec in (summary.get("routes") or {}).values():
+        per.setdefault(rec.get("scenario", "?"), []).append(float(rec.get("score", 0.0)))
+        collisions += any("collision" in str(i) for i in rec.get("infractions") or [])
+    return {"per_scenario": {k: sum(v) / len(v) for k, v in sorted(per.items())}, "collisions": collisions}
 
 
 def traffic_offset(route_id: str) -> int:
@@ -53,7 +62,7 @@ def load_run(spec: str) -> tuple[str, dict]:
     malformed or unreadable."""
     label, sep, path = spec.partition("=")
     if not sep or not label or not path:
-        raise SystemExit(f"{spec!r}: expected LABEL=PATH (a drive output directory or its summary.json)")
+        raise DriveSummaryError(f"{spec!r}: expected LABEL=PATH (a drive output directory or its summary.json)")
     parts = path.split("+")
     if len(parts) == 1 and "#" not in path:
         return label, _read_summary(spec, path)
@@ -67,14 +76,15 @@ def load_run(spec: str) -> tuple[str, dict]:
             try:
                 keep = {int(o) for o in offsets.split(",")}
             except ValueError:
-                raise SystemExit(f"{spec!r}: after '#' expected comma-separated seed offsets, got {offsets!r}")
+                raise DriveSummaryError(f"{spec!r}: after '#' expected comma-separated seed offsets, "
+                                        f"got {offsets!r}") from None
             routes = {rid: r for rid, r in routes.items() if traffic_offset(rid) in keep}
         twice = sorted(set(routes) & set(pooled))
         if twice:
-            raise SystemExit(f"{spec!r}: route(s) {twice[:3]} in more than one pooled run")
+            raise DriveSummaryError(f"{spec!r}: route(s) {twice[:3]} in more than one pooled run")
         pooled.update(routes)
     if not pooled:
-        raise SystemExit(f"{spec!r}: the selection keeps no route")
+        raise DriveSummaryError(f"{spec!r}: the selection keeps no route")
     return label, restrict(first, pooled)
 
 
@@ -84,9 +94,9 @@ def _read_summary(spec: str, path: str) -> dict:
     try:
         summary = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise SystemExit(f"{spec!r}: cannot read {p} ({exc})")
+        raise DriveSummaryError(f"{spec!r}: cannot read {p} ({exc})") from None
     if "routes" not in summary or "driving_score" not in summary:
-        raise SystemExit(f"{spec!r}: {p} is not a wam-diff drive summary (no routes / driving_score)")
+        raise DriveSummaryError(f"{spec!r}: {p} is not a wam-diff drive summary (no routes / driving_score)")
     return summary
 
 
@@ -148,15 +158,19 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="LABEL=PATH (drive output directory or summary.json)")
-    ap.add_argument("--out", required=True, help="directory for compare.json / .md / .png")
-    args = ap.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", help="LABEL=PATH (drive output directory or summary.json)")
+    parser.add_argument("--out", required=True, help="directory for compare.json / .md / .png")
+
+
+def run(args: argparse.Namespace) -> int:
     rows = [row(*load_run(spec)) for spec in args.runs]
-    write_outputs(Path(args.out), "compare", rows, markdown(rows), plot)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows)
+    (out / f"{STEM}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / f"{STEM}.md").write_text(table)
+    plot(rows, out / f"{STEM}.png")
+    print(table, end="")
+    print(f"written: {out / STEM}.json, {out / STEM}.md, {out / STEM}.png")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,30 +1,31 @@
-"""Where a policy's plans part from the expert's on a route the expert drives.
+"""`wam-diff expert-probe`: where a policy's plans part from the expert's on a route the expert drives.
 
 The expert plans and drives the route (its plans through the same controller as any policy); at every replan each
 probed policy plans from the same frame, ego state and command. Per replan: time, speed and the lateral (y, metres,
 left +) waypoint at 1, 2 and 4 s of the expert and of each policy. Writes OUT/<route>.json and prints the table, so
 a route's failure point shows as the rows where the columns part.
 
-    .venv/bin/python scripts/expert_probe.py --route roundabout_01 --out runs/v20/probe \\
-        "(zh)=models/nano-s-b32" "AR=models/nano-s-ar"
+    wam-diff expert-probe --route roundabout_01 --out runs/probe nano-s-b32=models/nano-s-b32 nano-s-ar=models/nano-s-ar
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from wam_diff_core.constants import REPLAN_EVERY, WAYPOINT_DT_S  # noqa: E402
-from wam_diff_core.sim.policies import safe_plan  # noqa: E402
-from wam_diff_core.sim.routes import add_frame_size_argument, parse_frame_size  # noqa: E402
+from ..constants import REPLAN_EVERY, WAYPOINT_DT_S
+from ..errors import WamDiffError
+from .policies import safe_plan
+from .routes import add_frame_size_argument, parse_frame_size
 
 HORIZONS_S = (1.0, 2.0, 4.0)
 _COLUMNS = [int(round(h / WAYPOINT_DT_S)) - 1 for h in HORIZONS_S]  # waypoint indices
+
+
+class ProbeError(WamDiffError, ValueError):
+    """A model argument without a label or with a label taken, or a route the suite does not hold."""
 
 
 def lateral(plan) -> list | None:
@@ -67,32 +68,33 @@ def table(rows: list, labels: list) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help="LABEL=PATH (checkpoint, preset or baseline policy)")
     p.add_argument("--route", required=True, help="route id of the suite")
     p.add_argument("--routes", default=None, help="route suite JSON (default: the bundled one)")
     p.add_argument("--out", required=True)
     add_frame_size_argument(p, policy_default=False)
     p.add_argument("--replan-every", type=int, default=REPLAN_EVERY)
-    args = p.parse_args(argv)
-    from wam_diff_core.sim.closed_loop import run_route
-    from wam_diff_core.sim.policies import load_policy
-    from wam_diff_core.sim.routes import load_routes
+
+
+def run(args: argparse.Namespace) -> int:
+    from .closed_loop import run_route
+    from .policies import load_policy
+    from .routes import load_routes
 
     probed = {}
     for spec in args.models:
         label, sep, path = spec.partition("=")
         if not sep or not label or not path:
-            raise SystemExit(f"model {spec!r}: expected LABEL=PATH")
+            raise ProbeError(f"model {spec!r}: expected LABEL=PATH")
         if label in probed or label == "expert":
-            raise SystemExit(f"model label {label!r} is taken")
+            raise ProbeError(f"model label {label!r} is taken")
         probed[label] = load_policy(path)
     frame_size = parse_frame_size(args.frame_size)
     try:
         route = load_routes(args.routes, ids=[args.route])[0]
     except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(str(exc)) from None
+        raise ProbeError(str(exc)) from None
     probe = ExpertProbe(load_policy("expert-plan"), probed)
     record = run_route(route, probe, replan_every=args.replan_every, frame_size=frame_size)
     out = Path(args.out)
@@ -106,7 +108,3 @@ def main(argv=None) -> int:
     print(table(probe.rows, list(probed)))
     print(f"written: {path}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
