@@ -73,6 +73,19 @@ def test_an_unknown_training_config_key_is_one_line_naming_file_key_and_the_like
     assert not (tmp_path / "run").exists()
 
 
+def test_an_unknown_report_spec_key_is_one_line_naming_file_and_key(capsys, tmp_path):
+    import training.cli
+
+    if "report" not in getattr(training.cli, "COMMANDS", {}):
+        pytest.skip("this installation has no wam-diff-train report")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("data: {planning: val.json}\nmodelz: []\n")
+    assert wam_diff_train(["report", "--spec", str(spec), "--out", str(tmp_path / "report")]) == 2
+    line = one_error_line(capsys, "wam-diff-train report")
+    assert f"{spec}:" in line and "unknown keys ['modelz']" in line
+    assert not (tmp_path / "report").exists()
+
+
 def test_a_missing_dataset_file_is_one_line_before_any_model_is_built(capsys, tmp_path, monkeypatch):
     import training.trainer
 
@@ -100,16 +113,18 @@ def test_debug_flag_lets_the_error_through_and_is_not_seen_by_the_parser(monkeyp
 
 
 def test_the_installed_script_prints_one_line_and_its_traceback_under_wam_diff_debug(tmp_path):
-    script = Path(sys.executable).parent / "wam-diff"
-    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "wam_diff_core.cli"]
-    cmd += ["decode", "--model", str(tmp_path / "nonexistent")]
+    config = tmp_path / "bad.yaml"
+    config.write_text("optim:\n  learning_rate: 1e-4\n")
+    script = Path(sys.executable).parent / "wam-diff-train"
+    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "training.cli"]
+    cmd += ["ar", "--config", str(config), "--out", str(tmp_path / "run")]
     env = {k: v for k, v in os.environ.items() if k != DEBUG_ENV}
     plain = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert plain.returncode == 2 and plain.stderr.count("\n") == 1, plain.stderr
-    assert plain.stderr.startswith("wam-diff decode: error: checkpoint directory not found: ")
+    assert plain.stderr.startswith(f"wam-diff-train ar: error: {config}: unknown config key 'optim.learning_rate'")
     debug = subprocess.run(cmd, capture_output=True, text=True, env={**env, DEBUG_ENV: "1"}, timeout=120)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
-    assert debug.stderr.rstrip().splitlines()[-1].startswith("wam_diff_core.model.checkpoint.CheckpointError: ")
+    assert debug.stderr.rstrip().splitlines()[-1].startswith("training.config.ConfigError: ")
 
 
 @console_main("tool", subcommands=True)
