@@ -138,16 +138,28 @@ def test_cli_reports_a_missing_command(tmp_path, capsys):
     assert train_main(["recipe", str(tmp_path / "missing.yaml")]) == 2
 
 
-def test_the_shipped_recipe_loads_and_chains_its_outputs():
-    recipe = load_recipe(REPO / "training" / "recipes" / "nano_s_b32.yaml")
-    assert {"export", "export_ar"} <= {s.name for s in recipe.steps}
-    for i, step in enumerate(recipe.steps):
+def test_the_shipped_recipe_rebuilds_the_shipped_pair_from_its_own_steps():
+    """training/recipes/nano_s.yaml: 27 steps; every config it names exists; the last step exports the B = 32 model
+    to runs/nano_s/nano-s-b32 (step export_ar its AR teacher to runs/nano_s/nano-s-ar); every checkpoint a step
+    starts from is one an earlier step made; no step runs a file under scripts/."""
+    recipe = load_recipe(REPO / "training" / "recipes" / "nano_s.yaml")
+    assert len(recipe.steps) == 27 and str(recipe.out) == "runs/nano_s"
+    last = recipe.steps[-1]
+    assert last.run[:2] == ("wam-diff-train", "export") and last.run[3] == "runs/nano_s/nano-s-b32"  # SRC DST
+    assert last.done == "runs/nano_s/nano-s-b32/model.safetensors"
+    export_ar = next(s for s in recipe.steps if s.name == "export_ar")
+    assert export_ar.run[3] == "runs/nano_s/nano-s-ar" and export_ar.done == "runs/nano_s/nano-s-ar/model.safetensors"
+    made: list[str] = []
+    for step in recipe.steps:
         argv = list(step.run)
-        if "--config" in argv:
-            assert (REPO / argv[argv.index("--config") + 1]).is_file(), step.name
-        if i >= 3:  # the training steps after the AR one start from what an earlier step wrote
-            earlier = {str(Path(s.done).parent) for s in recipe.steps[:i] if s.done}
-            assert earlier & set(argv), step.name
+        assert not any("scripts/" in a for a in argv), step.name
+        for flag, value in zip(argv, argv[1:]):
+            if flag == "--config":
+                assert (REPO / value).is_file(), (step.name, value)
+            if flag in ("--init", "--student", "--teacher", "--policy"):
+                assert any(Path(d).is_relative_to(value) for d in made), (step.name, flag, value)
+        if step.done:
+            made.append(step.done)
 
 
 def test_include_puts_the_other_recipes_steps_first(tmp_path):
@@ -176,11 +188,14 @@ def test_include_puts_the_other_recipes_steps_first(tmp_path):
         load_recipe(gone)
 
 
-def test_the_dagger_recipe_continues_the_occupancy_recipe():
-    occ = load_recipe(REPO / "training/recipes/nano_s_occ.yaml")
-    dagger = load_recipe(REPO / "training/recipes/nano_s_occ_dagger.yaml")
-    assert dagger.steps[:len(occ.steps)] == occ.steps
-    assert [s.name for s in dagger.steps[len(occ.steps):]][:2] == ["dagger", "ar_dagger"]
+def test_the_ablation_recipes_continue_the_shipped_recipe():
+    chain = load_recipe(REPO / "training/recipes/nano_s.yaml")
+    for name, added in (("ablate_direct", ["adapt_direct", "distill_direct"]),
+                        ("ablate_teacher", ["distill_diffusion_teacher", "distill_ar_teacher"])):
+        ablation = load_recipe(REPO / f"training/recipes/{name}.yaml")
+        assert ablation.steps[:len(chain.steps)] == chain.steps
+        assert [s.name for s in ablation.steps[len(chain.steps):]] == added
+        assert ablation.out != chain.out  # its own record and logs, beside the chain's
 
 
 def test_every_shipped_recipe_and_the_configs_its_steps_name_load():
@@ -190,26 +205,27 @@ def test_every_shipped_recipe_and_the_configs_its_steps_name_load():
     from training.config import load_config
 
     recipes = sorted((REPO / "training/recipes").glob("*.yaml"))
-    assert len(recipes) >= 4
+    assert {p.name for p in recipes} == {"nano_s.yaml", "ablate_direct.yaml", "ablate_teacher.yaml"}
     configs = set()
     for path in recipes:
         recipe = load_recipe(path)
         assert recipe.steps, path
         for step in recipe.steps:
             configs.update(re.findall(r"--config (\S+)", " ".join(step.run)))
-    assert "training/configs/nano_s_v10.yaml" in configs
+    assert "training/configs/nano_s_final.yaml" in configs
     for cfg in sorted(configs):
         assert load_config(REPO / cfg).out.startswith("runs/"), cfg
-    v10 = load_config(REPO / "training/configs/nano_s_v10.yaml")
-    dagger = load_config(REPO / "training/configs/nano_s_occ_dagger.yaml")
-    # the v10 config keeps its bases' settings it does not name
-    assert v10.perception == dagger.perception and v10.train.batch_size == dagger.train.batch_size
-    assert (v10.optim.lr, dagger.optim.lr, v10.perception.occupancy_weight) == (3e-4, 5e-4, 1.0)
-    # the short chain's route target switch: a base's data.route_targets reaches a child that replaces data.train
-    targets = {name: load_config(REPO / f"training/configs/nano_s_fast_{name}.yaml").data.route_targets
-               for name in ("balanced", "targets", "dagger4", "dagger5", "n", "n_dagger", "n_dagger2")}
-    assert targets == {"balanced": False, "targets": True, "dagger4": True, "dagger5": False,
-                       "n": True, "n_dagger": True, "n_dagger2": True}
+    base = load_config(REPO / "training/configs/nano_s.yaml")
+    dagger = load_config(REPO / "training/configs/nano_s_dagger1.yaml")
+    final = load_config(REPO / "training/configs/nano_s_final.yaml")
+    # a config keeps its bases' settings it does not name
+    assert final.perception == base.perception and final.train.batch_size == base.train.batch_size
+    assert (base.optim.lr, dagger.optim.lr, final.optim.lr, final.perception.occupancy_weight) == (1e-3, 3e-4, 3e-4, 1.0)
+    # the route target switch: a base's data.route_targets reaches a child that replaces data.train
+    targets = {name: load_config(REPO / f"training/configs/nano_s_{name}.yaml").data.route_targets
+               for name in ("dagger1", "dagger2", "dagger3", "final")}
+    assert targets == {"dagger1": False, "dagger2": False, "dagger3": False, "final": ["roundabout"]}
+    assert {Path(d["path"]).name for d in final.data.train} >= {"train_balanced.json", "train_bending.json"}
 
 
 def test_steps_find_the_projects_commands_without_an_activated_venv(tmp_path, monkeypatch):
