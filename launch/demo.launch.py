@@ -1,6 +1,6 @@
 """The closed-loop demo: planner + embedded highway world bridge, on simulated time.
 
-    ros2 launch wam_diff_ros demo.launch.py model:=nano limit:=3
+    ros2 launch wam_diff_ros demo.launch.py limit:=3
 
 The same nodes with the same parameter files start without `launch` from the console script
 `wam-diff-demo` (one process). The bridge publishes /clock, camera frames, odometry and the
@@ -25,7 +25,9 @@ def generate_launch_description():
     namespace = LaunchConfiguration("namespace")
     args = [
         DeclareLaunchArgument("namespace", default_value="wam_diff"),
-        DeclareLaunchArgument("model", default_value="nano"),
+        DeclareLaunchArgument("model", default_value="nano-s-b32",
+                              description="nano-s-b32 (the shipped model, models/nano-s-b32), a preset name or a "
+                                          "checkpoint directory"),
         DeclareLaunchArgument("device", default_value="cpu"),
         DeclareLaunchArgument("limit", default_value="1", description="number of routes to drive"),
     ]

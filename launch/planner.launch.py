@@ -1,6 +1,6 @@
 """Start the WAM-Diff planner as a lifecycle node and bring it to active.
 
-    ros2 launch wam_diff_ros planner.launch.py model:=nano device:=cuda
+    ros2 launch wam_diff_ros planner.launch.py model:=/path/to/checkpoint device:=cuda
     ros2 launch wam_diff_ros planner.launch.py params_file:=/path/to/my_planner.yaml
 
 Parameters come from config/planner.yaml (override with params_file); the launch arguments
@@ -23,7 +23,9 @@ def generate_launch_description():
         DeclareLaunchArgument("namespace", default_value="wam_diff"),
         DeclareLaunchArgument("params_file", default_value=PathJoinSubstitution(
             [FindPackageShare(PACKAGE), "config", "planner.yaml"])),
-        DeclareLaunchArgument("model", default_value="nano", description="preset name or checkpoint directory"),
+        DeclareLaunchArgument("model", default_value="nano-s-b32",
+                              description="nano-s-b32 (the shipped model, models/nano-s-b32), a preset name or a "
+                                          "checkpoint directory"),
         DeclareLaunchArgument("device", default_value="cpu"),
         DeclareLaunchArgument("autostart", default_value="true"),
         DeclareLaunchArgument("use_sim_time", default_value="false"),

@@ -3,6 +3,7 @@ import math
 
 import numpy as np
 import pytest
+import yaml
 
 from wam_diff_core.codec import ParseError, format_trajectory, parse_trajectory
 from wam_diff_core.types import Plan
@@ -187,6 +188,16 @@ def test_bad_sensor_yaml_is_rejected_naming_the_field(tmp_path):
         AgentConfig.load(conf)
 
 
+def test_decoding_yaml_is_checked_at_load_naming_the_bad_key_or_value():
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    assert data["decoding"] == {"backend": "sdpa"} and AgentConfig.from_dict(data).decoding == {"backend": "sdpa"}
+    for bad, match in (({"stepz": 2}, r"decoding: unknown decoding settings \['stepz'\]"),
+                       ({"strategy": "fancy"}, "strategy 'fancy'"), ([2], "mapping of DecoderConfig fields")):
+        with pytest.raises(AgentConfigError, match=match):
+            AgentConfig.from_dict({**data, "decoding": bad}, "agent.yaml")
+    assert AgentConfig.from_dict({**data, "decoding": None}).decoding == {}
+
+
 def test_destroy_writes_counters_and_comfort_signals(tmp_path, monkeypatch):
     monkeypatch.setenv("SAVE_PATH", str(tmp_path))
     # the evaluator appends '+<save_name>' to the same string for every route
@@ -207,10 +218,12 @@ def test_real_nano_policy_through_setup_gives_counted_brakes_on_its_untrained_te
     pytest.importorskip("wam_diff_core.policy")
     conf = tmp_path / "nano.yaml"
     conf.write_text(DEFAULT_CONFIG.read_text().replace("device: cuda", "device: cpu")
-                    .replace("steps: 4", "steps: 2").replace("image_size: null", "image_size: [64, 36]"))
+                    .replace("# steps: 2", "steps: 2").replace("image_size: null", "image_size: [64, 36]"))
     a = agent_mod.WamDiffAgent("localhost", 2000, False)
     a.set_global_plan(*straight_route())
     a.setup(str(conf))
+    assert (a.policy.config.steps, a.policy.config.backend) == (2, "sdpa")  # the rest: the checkpoint's own
+    assert a.policy.config.block_size == a.policy.loaded.settings.decoding.block_size
     ctrl = a.run_step(input_data(0, speed=4.0, bgra=np.full((90, 160, 4), 127, np.uint8)), 0.0)
     assert isinstance(ctrl, carla.VehicleControl)
     s = a.summary()

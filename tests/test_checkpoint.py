@@ -141,8 +141,9 @@ def test_save_model_writes_extra_files_inside_the_atomic_directory(nano, tmp_pat
 
 
 def test_decoding_defaults_follow_the_trained_block_size_and_drive_the_policy(tmp_path):
+    from wam_diff_core.decoding.config import resolve_decoding
     from wam_diff_core.model.checkpoint import build_preset, load_model, save_model
-    from wam_diff_core.policy import DrivingPolicy, PolicyConfig
+    from wam_diff_core.policy import DrivingPolicy
 
     loaded = build_preset("nano")
     ar = loaded.settings.for_block_size(1)
@@ -153,10 +154,43 @@ def test_decoding_defaults_follow_the_trained_block_size_and_drive_the_policy(tm
     save_model(type(loaded)(loaded.model, loaded.processor, ar, loaded.name), tmp_path / "ar")
     policy = DrivingPolicy(load_model(tmp_path / "ar"))
     assert (policy.config.block_size, policy.config.steps) == (1, 1)
-    assert PolicyConfig.from_settings(b16, steps=2) == PolicyConfig(block_size=16, steps=2,
+    assert resolve_decoding(b16.decoding, steps=2) == DecoderConfig(block_size=16, steps=2,
                                                                     strategy=b16.decoding.strategy,
                                                                     threshold=b16.decoding.threshold)
-    assert PolicyConfig.from_settings(ar, steps=4).steps == 1  # K alone on an AR checkpoint: still one per token
+    assert resolve_decoding(ar.decoding, steps=4).steps == 1  # K alone on an AR checkpoint: still one per token
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "models"
+
+
+@pytest.mark.parametrize("name", ["nano-s-b32", "nano-s-ar"])
+def test_the_shipped_models_settings_load_and_save_byte_for_byte(name, tmp_path):
+    text = (SHIPPED / name / WAM_DIFF_CONFIG_NAME).read_text()
+    settings = WamDiffSettings.load(SHIPPED / name / WAM_DIFF_CONFIG_NAME)
+    assert (settings.name, settings.version) == (name, "1.0.0")
+    assert settings.to_json() == text
+    settings.save(tmp_path)
+    assert (tmp_path / WAM_DIFF_CONFIG_NAME).read_bytes() == (SHIPPED / name / WAM_DIFF_CONFIG_NAME).read_bytes()
+    assert list(json.loads(text)["decoding"]) == ["block_size", "steps", "strategy", "threshold", "number_order",
+                                                 "schedule", "forward_only"]
+
+
+def test_settings_without_a_name_load_and_save_as_they_were(tmp_path):
+    raw = json.loads((SHIPPED / "nano-s-b32" / WAM_DIFF_CONFIG_NAME).read_text())
+    del raw["name"], raw["version"]
+    text = json.dumps(raw, indent=2)
+    (tmp_path / WAM_DIFF_CONFIG_NAME).write_text(text)
+    settings = WamDiffSettings.load(tmp_path / WAM_DIFF_CONFIG_NAME)
+    assert settings.name is None and settings.to_json() == text
+
+
+@pytest.mark.parametrize("where,key", [("top", "colour"), ("decoding", "max_new_tokens"), ("decoding", "stepz")])
+def test_settings_name_an_unknown_key(tmp_path, where, key):
+    raw = json.loads(WamDiffSettings(mask_token_id=7, eos_token_id=2).to_json())
+    (raw if where == "top" else raw["decoding"])[key] = 1
+    (tmp_path / WAM_DIFF_CONFIG_NAME).write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=rf"{WAM_DIFF_CONFIG_NAME}.*unknown keys \['{key}'\]"):
+        WamDiffSettings.load(tmp_path / WAM_DIFF_CONFIG_NAME)
 
 
 def test_settings_keep_a_frame_size_and_name_a_bad_one(tmp_path):

@@ -48,3 +48,44 @@ def test_bad_block_size_list_is_named(tmp_path):
 def test_decode_target_must_be_two_finite_numbers(bad):
     with pytest.raises(SystemExit, match="--target"):
         main(["decode", "--model", "nano", "--target", bad])
+
+
+def _checkpoint_with_steps(nano, path, steps: int):
+    import dataclasses
+
+    from wam_diff_core.model.checkpoint import save_model
+
+    settings = nano.settings.for_block_size(16)
+    settings = dataclasses.replace(settings, decoding=dataclasses.replace(settings.decoding, steps=steps))
+    return save_model(dataclasses.replace(nano, settings=settings), path)
+
+
+def test_decode_takes_the_checkpoints_own_steps_unless_given(nano, tmp_path, monkeypatch, capsys):
+    from wam_diff_core import policy as policy_mod
+
+    ckpt = _checkpoint_with_steps(nano, tmp_path / "k8", 8)
+    used, real = [], policy_mod.generate
+    monkeypatch.setattr(policy_mod, "generate", lambda runner, batch, cfg, *a: used.append(cfg) or real(runner, batch, cfg, *a))
+    assert main(["decode", "--model", str(ckpt), "--max-new-tokens", "16"]) == 0
+    assert main(["decode", "--model", str(ckpt), "--max-new-tokens", "16", "--steps", "2"]) == 0
+    assert main(["decode", "--model", str(ckpt), "--max-new-tokens", "16", "--block-size", "1"]) == 0
+    assert [(c.block_size, c.steps) for c in used] == [(16, 8), (16, 2), (1, 1)]
+    capsys.readouterr()
+
+
+def test_demo_runs_the_shipped_model_with_its_own_settings_by_default(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path / "demo.json"), "--max-new-tokens", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "models/nano-s-b32" in out.splitlines()[0]
+    results = json.loads((tmp_path / "demo.json").read_text())
+    assert list(results) == ["AR (B=1)", "block diffusion (B=32, K=4)"]  # K: its wam_diff.json's
+
+
+def test_report_moved_to_the_training_command():
+    from training.cli import COMMANDS as TRAINING_COMMANDS
+    from wam_diff_core.cli import COMMANDS
+
+    assert "report" not in COMMANDS and TRAINING_COMMANDS["report"][0] == "training.report.report"
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--spec", "training/configs/report.yaml", "--out", "runs/report"])
+    assert exc.value.code == 2

@@ -9,11 +9,11 @@ from wam_diff_core.codec import ParseError, parse_trajectory
 from wam_diff_core.constants import ENVELOPE_ACCEL_X_MPS2, ENVELOPE_LATERAL_MPS2, WAYPOINT_DT_S
 from wam_diff_core.decoding.ar import generate_ar
 from wam_diff_core.decoding.block_diffusion import generate
-from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
 from wam_diff_core.decoding.constraint import TrajectoryGrammar, planning_constraint
 from wam_diff_core.decoding.envelope import accel_bounds, forward_bounds, waypoint_bounds
 from wam_diff_core.model.runner import ModelRunner
-from wam_diff_core.policy import DrivingPolicy, PolicyConfig
+from wam_diff_core.policy import DrivingPolicy
 from wam_diff_core.prompts import chat_prompt, parse_planning_ego, planning_prompt
 from wam_diff_core.types import EgoState
 
@@ -187,8 +187,8 @@ def test_a_random_model_decodes_plans_inside_the_envelope(nano, camera_image, bl
 
 def test_the_policy_plans_inside_the_envelope_unless_told_not_to(nano, camera_image):
     vx = 12.0
-    on = DrivingPolicy(_fixed(nano), PolicyConfig(block_size=8, steps=4)).plan([camera_image], EgoState(vx=vx), "follow lane")
-    off = DrivingPolicy(_fixed(nano), PolicyConfig(block_size=8, steps=4, kinematic_envelope=False)).plan(
+    on = DrivingPolicy(_fixed(nano), DecoderConfig(block_size=8, steps=4)).plan([camera_image], EgoState(vx=vx), "follow lane")
+    off = DrivingPolicy(_fixed(nano), DecoderConfig(block_size=8, steps=4, kinematic_envelope=False)).plan(
         [camera_image], EgoState(vx=vx), "follow lane")
     assert on.valid and off.valid
     assert np.abs(_second_differences(on.trajectory, vx)[:, 1]).max() <= ENVELOPE_LATERAL_MPS2 + 0.1
@@ -226,10 +226,10 @@ def test_a_random_model_never_plans_backwards_with_forward_only(nano, camera_ima
 
 def test_a_checkpoint_can_ask_for_forward_only_and_a_caller_can_override_it(nano):
     settings = dataclasses.replace(nano.settings, decoding=dataclasses.replace(nano.settings.decoding, forward_only=True))
-    assert PolicyConfig.from_settings(settings).forward_only is True
-    assert PolicyConfig.from_settings(settings).decoder(["planning"]).forward_only is True
-    assert PolicyConfig.from_settings(settings, forward_only=False).forward_only is False
-    assert PolicyConfig.from_settings(nano.settings).forward_only is False
+    assert resolve_decoding(settings.decoding).forward_only is True
+    assert resolve_decoding(settings.decoding, forward_only=None).forward_only is True
+    assert resolve_decoding(settings.decoding, forward_only=False).forward_only is False
+    assert resolve_decoding(nano.settings.decoding).forward_only is False
 
 
 def test_the_planning_prompt_gives_back_its_ego_state():

@@ -1,13 +1,14 @@
 import numpy as np
 import pytest
 
-from wam_diff_core.policy import DrivingPolicy, PolicyConfig
+from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
+from wam_diff_core.policy import DrivingPolicy
 from wam_diff_core.types import EgoState, Plan
 
 
 @pytest.fixture(scope="module")
 def policy(nano):
-    return DrivingPolicy(nano, PolicyConfig(block_size=8, steps=4, max_new_tokens=24, tasks=("planning", "detection")))
+    return DrivingPolicy(nano, DecoderConfig(block_size=8, steps=4, max_new_tokens=24), tasks=("planning", "detection"))
 
 
 def test_plan_on_garbage_model_text_is_invalid_with_a_reason_and_timings(policy, camera_image):
@@ -54,30 +55,71 @@ def test_ask_returns_an_answer_object_with_the_question(policy, camera_image):
         policy.ask([camera_image], "   ")
 
 
-def test_policy_config_rejects_bad_values():
+def test_bad_decoding_settings_and_tasks_raise_value_error_naming_them(nano):
     with pytest.raises(ValueError, match="block_size"):
-        PolicyConfig(block_size=0)
-    with pytest.raises(ValueError, match="tasks"):
-        PolicyConfig(tasks=("qa",))
+        DecoderConfig(block_size=0)
     with pytest.raises(ValueError, match="strategy"):
-        PolicyConfig(strategy="random")
+        DecoderConfig(strategy="random")
+    with pytest.raises(ValueError, match="tasks"):
+        DrivingPolicy(nano, tasks=("qa",))
+    with pytest.raises(ValueError, match=r"unknown decoding settings \['stepz'\]"):
+        DrivingPolicy.load("nano", stepz=2)
 
 
-def test_load_takes_a_config_or_overrides_on_the_checkpoints_own_defaults():
-    policy = DrivingPolicy.load("nano", overrides={"block_size": 8, "steps": 2})
+def test_load_lays_the_given_decoding_settings_on_the_checkpoints_own():
+    policy = DrivingPolicy.load("nano", block_size=8, steps=2, strategy=None)
     assert (policy.config.block_size, policy.config.steps) == (8, 2)
-    assert policy.config.threshold == policy.loaded.settings.decoding.threshold  # the rest: the checkpoint's
-    own = DrivingPolicy.load("nano").config
-    assert own == PolicyConfig.from_settings(policy.loaded.settings)
-    with pytest.raises(ValueError, match="config or overrides"):
-        DrivingPolicy.load("nano", config=PolicyConfig(), overrides={"steps": 2})
+    own = policy.loaded.settings.decoding
+    assert (policy.config.strategy, policy.config.threshold) == (own.strategy, own.threshold)  # None: the checkpoint's
+    assert DrivingPolicy.load("nano").config == resolve_decoding(own)
+    assert DrivingPolicy(policy.loaded).config == resolve_decoding(own)
 
 
-def test_policy_config_keeps_the_steps_a_block_takes():
-    assert PolicyConfig(block_size=1, steps=4).steps == 1   # B = 1: one forward per token
-    assert PolicyConfig(block_size=4, steps=8).steps == 4   # at most one step per token of the block
-    assert PolicyConfig(block_size=32, steps=4).steps == 4
-    assert PolicyConfig(block_size=1, steps=4) == PolicyConfig(block_size=1, steps=1)
+def test_resolve_decoding_keeps_the_checkpoints_values_for_unset_ones_and_b1_takes_one_step():
+    ckpt = DecoderConfig(block_size=32, steps=8, strategy="low_confidence_static", threshold=0.7, schedule="cosine",
+                         number_order=False, forward_only=True)
+    unset = dict(block_size=None, steps=None, strategy=None, threshold=None, schedule=None, number_order=None,
+                 forward_only=None, max_new_tokens=None, backend=None, cuda_graphs=None, text_layers=None)
+    assert resolve_decoding(ckpt, **unset) == ckpt
+    assert resolve_decoding(ckpt, steps=2) == DecoderConfig(block_size=32, steps=2, strategy="low_confidence_static",
+                                                            threshold=0.7, schedule="cosine", number_order=False,
+                                                            forward_only=True)
+    assert resolve_decoding(ckpt, block_size=1).steps == 1            # B = 1: one forward per token
+    assert resolve_decoding(ckpt, block_size=1, steps=4).steps == 1   # whatever K says
+    assert resolve_decoding(ckpt, block_size=4).steps == 4            # at most one step per token of the block
+    assert resolve_decoding(DecoderConfig(block_size=1, steps=1), block_size=16).steps == 1  # K stays the AR's own
+    assert resolve_decoding(ckpt, block_size=1).forward_only is True  # the rest stays the checkpoint's
+
+
+def test_an_unset_token_budget_is_the_tasks_own(policy, nano, monkeypatch, camera_image):
+    from wam_diff_core import policy as policy_mod
+    from wam_diff_core.decoding.result import DecodeResult
+
+    budgets = []
+
+    def fake_generate(runner, batch, cfg, mask_id, eos_id, grammar):
+        budgets.append(cfg.max_new_tokens)
+        return DecodeResult([[1]] * batch.input_ids.shape[0], [True] * batch.input_ids.shape[0], 1, 1, {"total": 0.0})
+
+    monkeypatch.setattr(policy_mod, "generate", fake_generate)
+    unset = DrivingPolicy(nano, DecoderConfig(block_size=8, steps=4), tasks=("planning", "detection"))
+    unset.plan([camera_image], EgoState(vx=5.0), "follow lane", tasks=("planning",))
+    unset.plan([camera_image], EgoState(vx=5.0), "follow lane")
+    unset.ask([camera_image], "Is the left lane free?")
+    policy.plan([camera_image], EgoState(vx=5.0), "follow lane")
+    assert budgets == [128, 192, 64, 24]
+
+
+def test_the_shipped_models_name_loads_its_directory_or_warns_and_takes_nano(monkeypatch, tmp_path, capsys):
+    from wam_diff_core import policy as policy_mod
+
+    assert policy_mod.resolve_model("nano-s-b32") == str(policy_mod.SHIPPED_MODEL_DIR)
+    assert policy_mod.SHIPPED_MODEL_DIR.is_dir()
+    assert policy_mod.resolve_model("nano") == "nano"
+    monkeypatch.setattr(policy_mod, "SHIPPED_MODEL_DIR", tmp_path / "absent")
+    assert policy_mod.resolve_model("nano-s-b32") == "nano"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nano-s-b32" in err and "'nano'" in err
 
 
 def test_plan_parses_a_well_formed_answer_into_the_trajectory_and_boxes(policy, camera_image, monkeypatch):
@@ -101,9 +143,9 @@ def test_plan_parses_a_well_formed_answer_into_the_trajectory_and_boxes(policy, 
 
 def test_gpu_only_settings_on_a_cpu_model_name_what_is_missing(nano):
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
-        DrivingPolicy(nano, PolicyConfig(cuda_graphs=True))
+        DrivingPolicy(nano, DecoderConfig(cuda_graphs=True))
     with pytest.raises(ValueError, match="flashinfer"):
-        DrivingPolicy(nano, PolicyConfig(backend="flashinfer"))
+        DrivingPolicy(nano, DecoderConfig(backend="flashinfer"))
 
 
 def test_plan_states_the_route_target_only_to_a_checkpoint_that_learned_it(nano, camera_image, monkeypatch):
@@ -122,7 +164,7 @@ def test_plan_states_the_route_target_only_to_a_checkpoint_that_learned_it(nano,
 
     routed = dataclasses.replace(nano, settings=dataclasses.replace(nano.settings, route_target=True))
     for loaded, expected in ((routed, (24.5, 6.25)), (nano, None)):
-        policy = DrivingPolicy(loaded, PolicyConfig(block_size=8, steps=4))
+        policy = DrivingPolicy(loaded, DecoderConfig(block_size=8, steps=4))
         monkeypatch.setattr(policy, "_decode", fake_decode)
         assert policy.uses_route_target is (expected is not None)
         assert policy.plan([camera_image], EgoState(vx=5.0), "turn left", target=(24.5, 6.25)).valid
@@ -130,5 +172,5 @@ def test_plan_states_the_route_target_only_to_a_checkpoint_that_learned_it(nano,
         policy.plan([camera_image], EgoState(vx=5.0), "turn left")
         assert parse_route_target(asked[-1]) is None
     with pytest.raises(ValueError, match="route target"):
-        DrivingPolicy(routed, PolicyConfig(block_size=8, steps=4)).plan([camera_image], EgoState(vx=5.0), "turn left",
+        DrivingPolicy(routed, DecoderConfig(block_size=8, steps=4)).plan([camera_image], EgoState(vx=5.0), "turn left",
                                                                         target=(float("inf"), 0.0))

@@ -79,10 +79,10 @@ def test_checkpoint_settings_carry_the_schedule(tmp_path):
 def test_the_policy_decodes_with_the_checkpoints_schedule_unless_told_otherwise():
     from dataclasses import replace
 
-    from wam_diff_core.policy import PolicyConfig
+    from wam_diff_core.decoding.config import resolve_decoding
 
     settings = WamDiffSettings(mask_token_id=7, eos_token_id=2)
     cosine = replace(settings, decoding=replace(settings.decoding, schedule="cosine"))
-    assert PolicyConfig.from_settings(settings).decoder(("planning",)).schedule == "linear"
-    assert PolicyConfig.from_settings(cosine).decoder(("planning",)).schedule == "cosine"
-    assert PolicyConfig.from_settings(cosine, schedule="linear").decoder(("planning",)).schedule == "linear"
+    assert resolve_decoding(settings.decoding).schedule == "linear"
+    assert resolve_decoding(cosine.decoding, schedule=None).schedule == "cosine"
+    assert resolve_decoding(cosine.decoding, schedule="linear").schedule == "linear"

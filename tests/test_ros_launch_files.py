@@ -108,3 +108,30 @@ def test_planner_yaml_lists_every_declared_planner_parameter():
 
     params = yaml.safe_load((ROOT / "config" / "planner.yaml").read_text())["/**/wam_diff_planner"]["ros__parameters"]
     assert set(params) == set(PARAMETERS)
+
+
+def _launch_default(path: Path, name: str):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "DeclareLaunchArgument" \
+                and node.args and node.args[0].value == name:
+            return next(ast.literal_eval(kw.value) for kw in node.keywords if kw.arg == "default_value")
+    raise AssertionError(f"{path.name} declares no launch argument {name!r}")
+
+
+def test_launch_files_yaml_and_node_default_to_the_shipped_model_decoding_as_it_says():
+    """Out of the box the planner runs models/nano-s-b32 with its own wam_diff.json's decoding settings."""
+    pytest.importorskip("rclpy", reason="ROS 2 wheels not installed")
+    from wam_diff_core.constants import SHIPPED_MODEL
+    from wam_diff_ros.planner_node import PARAMETERS, PolicySettings
+
+    assert SHIPPED_MODEL == "nano-s-b32" and (ROOT / "models" / SHIPPED_MODEL / "wam_diff.json").is_file()
+    for path in LAUNCH_FILES:
+        assert _launch_default(path, "model") == SHIPPED_MODEL, path.name
+    planner = yaml.safe_load((ROOT / "config" / "planner.yaml").read_text())["/**/wam_diff_planner"]["ros__parameters"]
+    demo = yaml.safe_load((ROOT / "config" / "demo.yaml").read_text())["/**/wam_diff_planner"]["ros__parameters"]
+    unset = {"block_size": 0, "denoising_steps": 0, "remasking_strategy": "", "remasking_threshold": 0.0,
+             "commit_schedule": "", "forward_only": "", "max_new_tokens": 0}
+    assert PARAMETERS["model"][0] == planner["model"] == PolicySettings().model == SHIPPED_MODEL
+    for name, value in unset.items():
+        assert PARAMETERS[name][0] == planner[name] == value, name
+        assert demo.get(name, value) == value, name  # the demo keeps the checkpoint's own too

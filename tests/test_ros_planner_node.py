@@ -626,7 +626,13 @@ def test_block_size_and_steps_default_to_the_checkpoints_own(nano, tmp_path):
     assert load_policy(dataclasses.replace(base, model=str(tmp_path / "fw"), forward_only="off")).config.forward_only is False
     assert cfg.text_layers == "model"  # the model's own layers unless the parameter names the static path's
     fast = load_policy(dataclasses.replace(base, model=str(tmp_path / "b16"), text_layers="fast")).config
-    assert fast.text_layers == "fast" and fast.decoder(["planning"]).text_layers == "fast"
+    assert fast.text_layers == "fast"
+    k8 = dataclasses.replace(b16, settings=dataclasses.replace(
+        b16.settings, decoding=dataclasses.replace(b16.settings.decoding, steps=8, threshold=0.7)))
+    save_model(k8, tmp_path / "k8")
+    cfg = load_policy(PolicySettings(model=str(tmp_path / "k8"), denoising_steps=0)).config  # the parameters' defaults
+    assert (cfg.block_size, cfg.steps, cfg.threshold, cfg.strategy) == (16, 8, 0.7, k8.settings.decoding.strategy)
+    assert load_policy(PolicySettings(model=str(tmp_path / "k8"), remasking_threshold=0.5)).config.threshold == 0.5
 
 
 def test_nano_model_end_to_end_image_in_trajectory_and_answer_out(ros):

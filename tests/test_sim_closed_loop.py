@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("highway_env", reason="embedded world dependencies (requirements-sim.txt) not installed")
 
 from wam_diff_core.eval.score_cli import rescore  # noqa: E402
-from wam_diff_core.sim.closed_loop import drive_suite, policy_overrides, run_route, shift_plan  # noqa: E402
+from wam_diff_core.sim.closed_loop import drive_suite, run_route, shift_plan  # noqa: E402
 from wam_diff_core.sim.policies import ConstantVelocityPolicy, ExpertPlanPolicy, ExpertPolicy, load_policy  # noqa: E402
 from wam_diff_core.sim.routes import Route  # noqa: E402
 from wam_diff_core.types import Plan  # noqa: E402
@@ -76,20 +76,39 @@ def test_drive_suite_writes_route_json_summary_video_and_rescore_matches(tmp_pat
     assert rescore(tmp_path)["driving_score"] == pytest.approx(on_disk["driving_score"])
 
 
-def test_policy_overrides_decode_block_size_1_with_one_step():
-    assert policy_overrides(None, None) is None
-    assert policy_overrides(1, 8) == {"block_size": 1, "steps": 1}
-    assert policy_overrides(None, None, schedule="cosine") == {"schedule": "cosine"}
-    assert policy_overrides(1, None) == {"block_size": 1, "steps": 1}
-    assert policy_overrides(32, 4) == {"block_size": 32, "steps": 4}
-    assert policy_overrides(4, 8) == {"block_size": 4, "steps": 4}   # at most one step per token
-    assert policy_overrides(32, None) == {"block_size": 32}          # steps from the checkpoint
-    assert policy_overrides(None, None, text_layers="fast") == {"text_layers": "fast"}
-    assert policy_overrides(None, 4) == {"steps": 4}
-    assert policy_overrides(None, None, kinematic_envelope=False) == {"kinematic_envelope": False}
-    assert policy_overrides(None, None, forward_only=True) == {"forward_only": True}
-    assert policy_overrides(None, None, False) == {"number_order": False}
-    assert policy_overrides(32, 4, True) == {"number_order": True, "block_size": 32, "steps": 4}
+def _drive_args(*extra):
+    import argparse
+
+    from wam_diff_core.sim import closed_loop
+
+    parser = argparse.ArgumentParser()
+    closed_loop.add_arguments(parser)
+    return parser.parse_args(["--policy", "p", "--out", "o", *extra])
+
+
+def test_drive_decoding_options_are_unset_unless_given_and_b1_decodes_with_one_step():
+    from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
+    from wam_diff_core.decoding.options import decoding_arguments
+
+    assert decoding_arguments(_drive_args()) == {}
+    given = decoding_arguments(_drive_args("--block-size", "1", "--steps", "8", "--schedule", "cosine",
+                                           "--number-order", "off", "--forward-only", "on", "--text-layers", "fast"))
+    assert given == {"block_size": 1, "steps": 8, "schedule": "cosine", "text_layers": "fast", "number_order": False,
+                     "forward_only": True}
+    ckpt = DecoderConfig(block_size=32, steps=4, threshold=0.8)
+    cfg = resolve_decoding(ckpt, **given)
+    assert (cfg.block_size, cfg.steps, cfg.threshold) == (1, 1, 0.8)  # B = 1: one step; the rest: the checkpoint's
+    assert resolve_decoding(ckpt, **decoding_arguments(_drive_args("--block-size", "4", "--steps", "8"))).steps == 4
+
+
+def test_drive_shows_a_progress_bar_over_the_routes_on_stderr_unless_told_not_to(tmp_path, capsys):
+    from wam_diff_core.cli import main
+
+    args = ["drive", "--policy", "constant-velocity", "--ids", "highway_00", "--frame-size", "64x32"]
+    assert main(args + ["--out", str(tmp_path / "a")]) == 0
+    assert "1/1" in capsys.readouterr().err
+    assert main(args + ["--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert "1/1" not in capsys.readouterr().err
 
 
 def test_drive_cli_runs_each_route_once_per_traffic_seed_offset(tmp_path, capsys):
@@ -130,7 +149,7 @@ def test_closed_loop_commands_render_the_frames_the_policy_was_trained_on(tmp_pa
 def test_worker_threads_splits_the_cores_between_spawned_workers(monkeypatch):
     import os
 
-    from wam_diff_core.sim.closed_loop import worker_threads
+    from wam_diff_core.sim.jobs import worker_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)

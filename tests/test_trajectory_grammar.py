@@ -26,7 +26,7 @@ from wam_diff_core.decoding.constraint import TokenConstraint, TrajectoryGrammar
 from wam_diff_core.model.checkpoint import LoadedModel, save_model
 from wam_diff_core.model.runner import ModelRunner
 from wam_diff_core.model.settings import WamDiffSettings
-from wam_diff_core.policy import DrivingPolicy, PolicyConfig
+from wam_diff_core.policy import DrivingPolicy
 from wam_diff_core.prompts import chat_prompt, detection_prompt, planning_prompt
 from wam_diff_core.types import EgoState
 
@@ -89,7 +89,7 @@ def _fixed(nano) -> LoadedModel:
 
 @pytest.mark.parametrize("block_size", [1, 8, 32])
 def test_a_random_model_under_the_grammar_always_writes_a_trajectory_that_parses(nano, camera_image, block_size):
-    policy = DrivingPolicy(_fixed(nano), PolicyConfig(block_size=block_size, steps=4, tasks=("planning", "detection")))
+    policy = DrivingPolicy(_fixed(nano), DecoderConfig(block_size=block_size, steps=4), tasks=("planning", "detection"))
     for vx, command in ((5.0, "follow lane"), (22.0, "change lane left")):
         plan = policy.plan([camera_image], EgoState(vx=vx), command)
         assert plan.valid, plan.errors
@@ -97,7 +97,7 @@ def test_a_random_model_under_the_grammar_always_writes_a_trajectory_that_parses
         assert len(plan.raw_text["planning"]) == FIXED_TRAJECTORY_CHARS
         assert "detection" in plan.errors  # the other row of the batch decodes unconstrained
     # the same random weights without the grammar write garbage (test_policy checks it at B = 8)
-    free = DrivingPolicy(nano, PolicyConfig(block_size=block_size, steps=4)).plan([camera_image], EgoState(vx=5.0), "follow lane")
+    free = DrivingPolicy(nano, DecoderConfig(block_size=block_size, steps=4)).plan([camera_image], EgoState(vx=5.0), "follow lane")
     assert not free.valid
 
 

@@ -16,7 +16,7 @@ import torch
 
 from wam_diff_core.codec import ParseError, parse_trajectory
 from wam_diff_core.decoding.block_diffusion import generate
-from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.decoding.config import DecoderConfig, step_count
 from wam_diff_core.decoding.constraint import planning_constraint
 from wam_diff_core.eval.l2 import l2_report
 from wam_diff_core.model.checkpoint import pad_token_id
@@ -45,9 +45,10 @@ def prompt_batch(examples: Sequence[Example], pad_id: int) -> PromptBatch:
 def decoder_config(block_size: int, steps: Optional[int], strategy: str, threshold: float, max_new_tokens: int,
                    backend: str = "sdpa", number_order: bool = True, kinematic_envelope: bool = True,
                    forward_only: bool = False) -> DecoderConfig:
-    return DecoderConfig(block_size=block_size, steps=steps or block_size, strategy=strategy, threshold=threshold,
-                         max_new_tokens=max_new_tokens, backend=backend, number_order=number_order,
-                         kinematic_envelope=kinematic_envelope, forward_only=forward_only)
+    """B = 1 decodes one token per forward; otherwise `steps` denoising steps per block (None: one per token)."""
+    return DecoderConfig(block_size=block_size, steps=step_count(block_size, steps or block_size), strategy=strategy,
+                         threshold=threshold, max_new_tokens=max_new_tokens, backend=backend,
+                         number_order=number_order, kinematic_envelope=kinematic_envelope, forward_only=forward_only)
 
 
 def evaluate(model, processor, settings, examples: Sequence[Example], block_size: int, steps: Optional[int] = None,

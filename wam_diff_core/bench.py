@@ -23,7 +23,7 @@ from .decoding.config import DecoderConfig
 from .model.checkpoint import load
 from .model.kv_cache import cache_geometry
 from .model.processor import PromptBatch
-from .model.settings import TEXT_LAYERS
+from .constants import ATTENTION_BACKENDS, TEXT_LAYERS
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, planning_prompt
 from .types import EgoState
@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-sizes", default="1")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
-    parser.add_argument("--backend", default="sdpa", choices=["sdpa", "flex", "flashinfer"])
+    parser.add_argument("--backend", default="sdpa", choices=ATTENTION_BACKENDS)
     parser.add_argument("--cuda-graphs", default="off", choices=["on", "off"])
     parser.add_argument("--text-layers", default="model", choices=TEXT_LAYERS,
                         help="B > 1 rows: the model's text layers, or kernels.fast_layers' (plain or compiled)")

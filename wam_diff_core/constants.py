@@ -31,6 +31,10 @@ FRAME_SIZE = (256, 128)
 # Planning every tick drove the shipped model worse (DS 62.2 against 66.7 at 4, more collisions: plans flip).
 REPLAN_EVERY = 4
 
+# Below this speed (m/s) the ego counts as stopped: a closed loop's "agent blocked" clock runs, and the driving data
+# trims long waits (`wam-diff data --wait-keep-s`).
+BLOCKED_SPEED_MPS = 0.1
+
 # Qwen3-VL grounding boxes are relative to the image on a 0..BOX_SCALE scale.
 BOX_SCALE = 1000
 
@@ -65,8 +69,24 @@ ROUTE_TARGET_AHEAD_M = 25.0
 # loop's world then states them there alone.
 JUNCTION_SCENARIOS = ("intersection", "roundabout")
 
+# Decoding (wam_diff_core/decoding; the fields of DecoderConfig that take one of these):
+# remasking strategies: which masked positions of a block a denoising step commits (decoding/remasking.py);
+STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
+# how many of a block's masked positions each step commits (remasking.masked_after): "linear" spreads them
+# evenly over the K steps; "cosine" (MaskGIT's schedule) commits few in the first steps and more later;
+SCHEDULES = ("linear", "cosine")
+# text layers of the decoders (eager and static paths): the model's own, the fast ones (kernels.fast_layers:
+# merged projections, fewer kernels), or those with their pure parts torch.compiled;
+TEXT_LAYERS = ("model", "fast", "compiled")
+# attention backends: torch SDPA and flex attention (CPU and GPU), FlashInfer (GPU, from kernels/).
+ATTENTION_BACKENDS = ("sdpa", "flex", "flashinfer")
+
 # Tasks the policy can answer in one token space.
 TASKS = ("planning", "detection", "qa")
+
+# The shipped model (the B = 32 block-diffusion planner): the default of `wam-diff decode`, `wam-diff demo` and the
+# ROS planner. The name stands for the repository's models/nano-s-b32 (`policy.resolve_model`).
+SHIPPED_MODEL = "nano-s-b32"
 
 # Diffusion settings file stored next to a Hugging Face checkpoint.
 WAM_DIFF_CONFIG_NAME = "wam_diff.json"

@@ -5,31 +5,18 @@ import json
 
 import numpy as np
 
-from .constants import NAV_COMMANDS
-from .model.settings import TEXT_LAYERS
-from .policy import POLICY_TASKS, DrivingPolicy, PolicyConfig
+from .constants import NAV_COMMANDS, SHIPPED_MODEL
+from .decoding.options import add_decoding_arguments, decoding_arguments
+from .policy import POLICY_TASKS, DrivingPolicy
 from .types import EgoState, check_route_target
 
 
 def add_policy_arguments(parser) -> None:
-    parser.add_argument("--model", default="nano", help="preset name or local checkpoint directory")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--strategy", default="low_confidence_dynamic")
-    parser.add_argument("--threshold", type=float, default=0.9)
-    parser.add_argument("--backend", default="sdpa", choices=["sdpa", "flex", "flashinfer"])
-    parser.add_argument("--cuda-graphs", choices=["on", "off"], default="off")
-    parser.add_argument("--max-new-tokens", type=int, default=None)
-    parser.add_argument("--text-layers", default="model", choices=TEXT_LAYERS,
-                        help="text layers: the model's own, or kernels.fast_layers' (merged projections, "
-                             "same math; 'compiled': torch.compiled)")
-
-
-def policy_config(args, tasks=("planning",)) -> PolicyConfig:
-    return PolicyConfig(block_size=args.block_size, steps=args.steps, strategy=args.strategy,
-                        threshold=args.threshold, backend=args.backend, cuda_graphs=args.cuda_graphs == "on",
-                        max_new_tokens=args.max_new_tokens, tasks=tuple(tasks), text_layers=args.text_layers)
+    """--model, --device and the decoding options (unset: the checkpoint's own)."""
+    parser.add_argument("--model", default=SHIPPED_MODEL,
+                        help=f"preset name, local checkpoint directory, or {SHIPPED_MODEL} (the shipped model, "
+                             f"models/{SHIPPED_MODEL}; the default)")
+    add_decoding_arguments(parser)
 
 
 def add_arguments(parser) -> None:
@@ -84,7 +71,7 @@ def plan_to_json(plan) -> dict:
 
 def run(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    policy = DrivingPolicy.load(args.model, device=args.device, config=policy_config(args, tasks))
+    policy = DrivingPolicy.load(args.model, device=args.device, tasks=tasks, **decoding_arguments(args))
     plan = policy.plan([load_image(args.image)], EgoState(args.vx, args.vy, args.ax, args.ay), args.command,
                        target=parse_target(args.target))
     print(json.dumps(plan_to_json(plan), indent=2))

@@ -1,7 +1,8 @@
-"""`wam-diff demo`: the decoding demo on the nano model (until the ROS closed-loop demo lands).
+"""`wam-diff demo`: the decoding demo on the shipped model (models/nano-s-b32; the `nano` preset where it is absent).
 
 Image + ego state in, trajectory out: the same frame is planned by autoregressive decoding (B = 1)
-and by block diffusion (B = 32), with the tokens, forwards and time per phase of each.
+and by block diffusion (the checkpoint's own B and K unless told otherwise), with the tokens, forwards
+and time per phase of each.
 """
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .decode_cli import add_policy_arguments, load_image, plan_to_json, policy_config
-from .policy import DrivingPolicy, PolicyConfig
+from .decode_cli import add_policy_arguments, load_image, plan_to_json
+from .decoding.config import resolve_decoding
+from .decoding.options import decoding_arguments
+from .policy import DrivingPolicy
 from .types import EgoState
-
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "nano-s-b32"
 
 
 def add_arguments(parser) -> None:
     add_policy_arguments(parser)
-    parser.set_defaults(model=str(DEFAULT_MODEL_DIR) if DEFAULT_MODEL_DIR.is_dir() else "nano")
     parser.add_argument("--image", default=None)
     parser.add_argument("--out", default="runs/demo.json")
 
@@ -39,11 +39,11 @@ def _frame(path: str | None) -> np.ndarray:
 def run(args) -> int:
     image = _frame(args.image)
     ego = EgoState(vx=12.0, ax=0.3)
-    base = policy_config(args)
-    print(f"model: {args.model}")
+    policy = DrivingPolicy.load(args.model, device=args.device, **decoding_arguments(args))
+    base = policy.config
+    print(f"model: {policy.loaded.name}")
     results = {}
-    policy = DrivingPolicy.load(args.model, device=args.device, config=base)
-    for label, cfg in (("AR (B=1)", PolicyConfig(block_size=1, steps=1, max_new_tokens=args.max_new_tokens)),
+    for label, cfg in (("AR (B=1)", resolve_decoding(base, block_size=1)),
                        (f"block diffusion (B={base.block_size}, K={base.steps})", base)):
         policy.config = cfg
         plan = policy.plan([image], ego, "follow lane")

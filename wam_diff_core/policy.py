@@ -8,22 +8,23 @@ Plan with the parse error.
 from __future__ import annotations
 
 import gc
+import sys
 import time
-from dataclasses import dataclass, replace
+from pathlib import Path
+from dataclasses import replace
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from .codec import ParseError, parse_answer, parse_detections, parse_trajectory
-from .constants import TASKS
+from .constants import SHIPPED_MODEL, TASKS
 from .decoding.block_diffusion import generate
-from .decoding.config import DecoderConfig
+from .decoding.config import DecoderConfig, resolve_decoding
 from .decoding.constraint import planning_constraint
 from .model.checkpoint import LoadedModel, load
 from .model.processor import check_image
 from .model.runner import ModelRunner
-from .model.settings import steps_for_block
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
 from .types import Answer, DecodeStats, EgoState, Plan, check_command, check_route_target
 
@@ -32,48 +33,33 @@ TASK_BUDGET = {"planning": 128, "detection": 192, "qa": 64}
 POLICY_TASKS = ("planning", "detection")  # what plan() can answer; QA goes through ask()
 
 
-@dataclass(frozen=True)
-class PolicyConfig:
-    """Decoding settings of the policy (see DecoderConfig) and the tasks plan() answers."""
+SHIPPED_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / SHIPPED_MODEL
 
-    block_size: int = 32
-    steps: int = 4
-    strategy: str = "low_confidence_dynamic"
-    threshold: float = 0.9
-    backend: str = "sdpa"
-    cuda_graphs: bool = False
-    max_new_tokens: Optional[int] = None  # None: the per-task budget
-    temperature: float = 0.0
-    tasks: tuple[str, ...] = ("planning",)
-    number_order: bool = True  # trajectory digits most significant first (DecoderConfig.number_order)
-    kinematic_envelope: bool = True  # plans inside the kinematic envelope (DecoderConfig.kinematic_envelope)
-    schedule: str = "linear"  # commits per denoising step (DecoderConfig.schedule)
-    forward_only: bool = False  # the envelope's forward-only bound (DecoderConfig.forward_only)
-    text_layers: str = "model"  # the decoders' text layers (DecoderConfig.text_layers)
 
-    @classmethod
-    def from_settings(cls, settings, **overrides) -> "PolicyConfig":
-        """The checkpoint's own decoding defaults (its `wam_diff.json`), then `overrides`."""
-        d = settings.decoding
-        fields = dict(block_size=d.block_size, steps=d.steps, strategy=d.strategy, threshold=d.threshold,
-                      number_order=d.number_order, schedule=d.schedule, forward_only=d.forward_only)
-        return cls(**{**fields, **overrides})
+def resolve_model(model: str) -> str:
+    """What `model` names for the loader: SHIPPED_MODEL ("nano-s-b32") is the repository's models/nano-s-b32, or
+    the untrained `nano` preset (with a one-line warning on stderr) where that directory is absent; a directory
+    of that name here, and every other name, stay as they are."""
+    if model != SHIPPED_MODEL or Path(model).is_dir():
+        return model
+    if SHIPPED_MODEL_DIR.is_dir():
+        return str(SHIPPED_MODEL_DIR)
+    print(f"warning: the shipped model {SHIPPED_MODEL} is not at {SHIPPED_MODEL_DIR}; using the untrained 'nano' "
+          f"preset", file=sys.stderr)
+    return "nano"
 
-    def __post_init__(self):
-        bad = [t for t in self.tasks if t not in POLICY_TASKS]
-        if bad or not self.tasks:
-            raise ValueError(f"tasks {self.tasks!r}: expected a non-empty subset of {POLICY_TASKS}")
-        self.decoder(self.tasks)  # validates the decoding fields
-        # the steps a block takes, kept as used: one per token at B = 1, at most B otherwise
-        object.__setattr__(self, "steps", steps_for_block(self.block_size, self.steps))
 
-    def decoder(self, tasks: Sequence[str]) -> DecoderConfig:
-        budget = self.max_new_tokens or max(TASK_BUDGET[t] for t in tasks)
-        return DecoderConfig(block_size=self.block_size, steps=self.steps, strategy=self.strategy,
-                             threshold=self.threshold, max_new_tokens=budget, temperature=self.temperature,
-                             backend=self.backend, cuda_graphs=self.cuda_graphs, number_order=self.number_order,
-                             kinematic_envelope=self.kinematic_envelope, schedule=self.schedule,
-                             forward_only=self.forward_only, text_layers=self.text_layers)
+def check_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty subset of POLICY_TASKS as a tuple; a ValueError names the value otherwise."""
+    tasks = tuple(tasks)
+    if not tasks or any(t not in POLICY_TASKS for t in tasks):
+        raise ValueError(f"tasks {tasks!r}: expected a non-empty subset of {POLICY_TASKS}")
+    return tasks
+
+
+def with_budget(config: DecoderConfig, tasks: Sequence[str]) -> DecoderConfig:
+    """`config` with its token budget set: its own max_new_tokens, else the largest TASK_BUDGET of `tasks`."""
+    return replace(config, max_new_tokens=config.max_new_tokens or max(TASK_BUDGET[t] for t in tasks))
 
 
 def _check_images(images) -> list[np.ndarray]:
@@ -85,32 +71,36 @@ def _check_images(images) -> list[np.ndarray]:
 
 
 class DrivingPolicy:
-    def __init__(self, loaded: LoadedModel, config: PolicyConfig | None = None):
+    """`config`: the DecoderConfig it decodes with (default: the checkpoint's own, its wam_diff.json);
+    `tasks`: what plan() answers unless told otherwise (a subset of POLICY_TASKS)."""
+
+    def __init__(self, loaded: LoadedModel, config: DecoderConfig | None = None,
+                 tasks: Sequence[str] = ("planning",)):
         if loaded.processor is None:
             raise ValueError(f"model {loaded.name!r} has no tokenizer/processor; a policy needs a full checkpoint")
-        self.config = config or PolicyConfig.from_settings(loaded.settings)
+        self.config = config or resolve_decoding(loaded.settings.decoding)
+        self.tasks = check_tasks(tasks)
         self.loaded = loaded
         device = next(loaded.model.parameters()).device
         if self.config.cuda_graphs and device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs a CUDA device, the model is on {device}")
         if self.config.backend == "flashinfer":
-            from kernels import missing_for_flashinfer
+            from .extensions import attention_backend
 
-            missing = missing_for_flashinfer()
+            missing = attention_backend("flashinfer").missing()
             if missing:
                 raise ValueError("backend 'flashinfer' needs " + " and ".join(missing))
         self.device = device
         self.runner = ModelRunner(loaded.model, self.config.backend)
 
     @classmethod
-    def load(cls, model: str, device: str = "cpu", config: PolicyConfig | None = None,
-             overrides: dict | None = None) -> "DrivingPolicy":
-        """A preset name ("nano") or a local checkpoint directory, decoding with `config`, or else with the
-        checkpoint's own defaults (its wam_diff.json) and `overrides` (PolicyConfig fields) on top."""
-        if config is not None and overrides:
-            raise ValueError(f"give config or overrides, not both (overrides {overrides!r})")
-        loaded = load(model, device=device)
-        return cls(loaded, config or PolicyConfig.from_settings(loaded.settings, **(overrides or {})))
+    def load(cls, model: str, device: str = "cpu", tasks: Sequence[str] = ("planning",),
+             **decoding) -> "DrivingPolicy":
+        """A preset name ("nano"), a local checkpoint directory or the shipped model's name (`resolve_model`),
+        decoding with the checkpoint's own settings (its wam_diff.json) and `decoding` (DecoderConfig fields;
+        None = unset, the checkpoint's) on top (`resolve_decoding`)."""
+        loaded = load(resolve_model(model), device=device)
+        return cls(loaded, resolve_decoding(loaded.settings.decoding, **decoding), tasks)
 
     @property
     def processor(self):
@@ -150,13 +140,11 @@ class DrivingPolicy:
             raise ValueError(f"ego_state must be an EgoState, got {type(ego_state).__name__}")
         command = check_command(command)
         target = check_route_target(target) if self.uses_route_target else None
-        tasks = tuple(tasks or self.config.tasks)
-        if not tasks or any(t not in POLICY_TASKS for t in tasks):
-            raise ValueError(f"tasks {tasks!r}: expected a non-empty subset of {POLICY_TASKS}")
+        tasks = check_tasks(tasks or self.tasks)
         start = time.perf_counter()
         text_for = {"planning": planning_prompt(ego_state, command, target), "detection": detection_prompt()}
         prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
-        cfg = self.config.decoder(tasks)
+        cfg = with_budget(self.config, tasks)
         result, texts = self._decode(prompts, images, cfg, tasks, ego_state)
         plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(tasks, texts)))
         for task, text, finished in zip(tasks, texts, result.finished):
@@ -185,8 +173,7 @@ class DrivingPolicy:
         images = _check_images(images)
         prompt = chat_prompt(qa_prompt(question), len(images))
         start = time.perf_counter()
-        cfg = self.config.decoder(("planning",))
-        cfg = replace(cfg, max_new_tokens=self.config.max_new_tokens or TASK_BUDGET["qa"])
+        cfg = with_budget(self.config, ("qa",))
         result, texts = self._decode([prompt], images, cfg, ("qa",))
         parsed = parse_answer(texts[0])
         text = "" if isinstance(parsed, ParseError) else parsed
@@ -202,4 +189,4 @@ class DrivingPolicy:
             torch.cuda.empty_cache()
 
 
-__all__ = ["DrivingPolicy", "PolicyConfig", "TASK_BUDGET", "TASKS"]
+__all__ = ["DrivingPolicy", "POLICY_TASKS", "TASK_BUDGET", "TASKS", "check_tasks", "resolve_model", "with_budget"]

@@ -41,8 +41,8 @@ from builtin_interfaces.msg import Time
 from visualization_msgs.msg import MarkerArray
 
 from wam_diff_core.console import console_main
-from wam_diff_core.constants import NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, TASKS
-from wam_diff_core.model.settings import SCHEDULES, TEXT_LAYERS
+from wam_diff_core.constants import (ATTENTION_BACKENDS, NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, SCHEDULES, SHIPPED_MODEL,
+                                     STRATEGIES, TASKS, TEXT_LAYERS)
 from wam_diff_core.types import EgoState, Plan, check_command, check_route_target
 from wam_diff_msgs.msg import Detection2DArray, DrivingAnswer, Trajectory
 from wam_diff_msgs.srv import AskQuestion
@@ -60,17 +60,19 @@ PLAN_TASKS = tuple(t for t in TASKS if t != "qa")
 
 # name -> (default, description). Types follow the defaults.
 PARAMETERS = {
-    "model": ("nano", "model preset name (e.g. 'nano') or local checkpoint directory; 'fake' = no model (wiring tests)"),
+    "model": (SHIPPED_MODEL, f"'{SHIPPED_MODEL}' (the shipped model, models/{SHIPPED_MODEL}; the untrained 'nano' preset "
+                             f"with a warning where it is absent), a preset name or a local checkpoint directory; "
+                             f"'fake' = no model (wiring tests)"),
     "device": ("cpu", "torch device: cpu, cuda, cuda:0, ..."),
-    "attention_backend": ("sdpa", "attention backend: sdpa, flex, flashinfer (GPU)"),
+    "attention_backend": ("sdpa", f"attention backend, one of {list(ATTENTION_BACKENDS)} (flashinfer: GPU)"),
     "cuda_graphs": (False, "capture the block decode step as a CUDA graph (GPU only)"),
     "text_layers": ("model", f"text layers, one of {list(TEXT_LAYERS)}: the model's own, 'fast' (merged "
                              f"projections, same math) or 'compiled' (fast + torch.compile); the fastest measured "
                              f"on a GPU: compiled + cuda_graphs"),
     "block_size": (0, "B: tokens denoised in parallel per block (1 = autoregressive; 0 = the checkpoint's own)"),
     "denoising_steps": (0, "K: denoising steps per block (0 = the checkpoint's own)"),
-    "remasking_strategy": ("low_confidence_dynamic", "low_confidence_dynamic, low_confidence_static or sequential"),
-    "remasking_threshold": (0.9, "confidence threshold of low_confidence_dynamic"),
+    "remasking_strategy": ("", f"one of {list(STRATEGIES)} ('' = the checkpoint's own)"),
+    "remasking_threshold": (0.0, "confidence threshold of low_confidence_dynamic, in (0, 1] (0 = the checkpoint's own)"),
     "commit_schedule": ("", f"positions committed per denoising step, one of {list(SCHEDULES)} ('' = the "
                             f"checkpoint's own; wam_diff_core/decoding/remasking.py)"),
     "max_new_tokens": (0, "token budget per answer; 0 = the model's default"),
@@ -101,47 +103,42 @@ PARAMETERS = {
 
 @dataclass(frozen=True)
 class PolicySettings:
-    """The parameters that define the loaded policy."""
+    """The parameters that define the loaded policy, as ROS declares them: 0 and "" mean unset (the
+    checkpoint's own, its wam_diff.json; for max_new_tokens the policy's per-task budget)."""
 
-    model: str
-    device: str
-    attention_backend: str
-    cuda_graphs: bool
-    block_size: int
-    denoising_steps: int
-    remasking_strategy: str
-    remasking_threshold: float
-    max_new_tokens: int
-    tasks: tuple[str, ...]
+    model: str = SHIPPED_MODEL
+    device: str = "cpu"
+    attention_backend: str = "sdpa"
+    cuda_graphs: bool = False
+    block_size: int = 0
+    denoising_steps: int = 0
+    remasking_strategy: str = ""
+    remasking_threshold: float = 0.0
+    max_new_tokens: int = 0
+    tasks: tuple[str, ...] = ("planning",)
     kinematic_envelope: bool = True
-    commit_schedule: str = ""  # "" = the checkpoint's own
-    forward_only: str = ""  # "on", "off"; "" = the checkpoint's own
+    commit_schedule: str = ""
+    forward_only: str = ""  # "on", "off"
     text_layers: str = "model"
 
 
 def load_policy(settings: PolicySettings):
-    """Create the policy for `settings`. The core engine is imported here, lazily, so the node starts
-    fast and tests can inject a fake through PlannerNode(policy_factory=...)."""
+    """Create the policy for `settings`: the checkpoint's own decoding settings with the parameters that are set
+    on top (0 / "" become None, unset, here and nowhere else). The core engine is imported here, lazily, so the
+    node starts fast and tests can inject a fake through PlannerNode(policy_factory=...)."""
     if settings.model == "fake":
         from .fake_policy import FakePolicy
 
         return FakePolicy(tasks=settings.tasks)
     from wam_diff_core.policy import DrivingPolicy
 
-    kwargs = dict(strategy=settings.remasking_strategy, threshold=settings.remasking_threshold,
-                  backend=settings.attention_backend, cuda_graphs=settings.cuda_graphs, tasks=settings.tasks,
-                  kinematic_envelope=settings.kinematic_envelope, text_layers=settings.text_layers)
-    if settings.block_size > 0:
-        kwargs["block_size"] = settings.block_size
-    if settings.denoising_steps > 0:
-        kwargs["steps"] = settings.denoising_steps
-    if settings.max_new_tokens > 0:
-        kwargs["max_new_tokens"] = settings.max_new_tokens
-    if settings.commit_schedule:
-        kwargs["schedule"] = settings.commit_schedule
-    if settings.forward_only:
-        kwargs["forward_only"] = settings.forward_only == "on"
-    return DrivingPolicy.load(settings.model, device=settings.device, overrides=kwargs)  # B, K unset: the checkpoint's
+    s = settings
+    return DrivingPolicy.load(
+        s.model, device=s.device, tasks=s.tasks, block_size=s.block_size or None, steps=s.denoising_steps or None,
+        strategy=s.remasking_strategy or None, threshold=s.remasking_threshold or None,
+        schedule=s.commit_schedule or None, forward_only={"on": True, "off": False}.get(s.forward_only),
+        max_new_tokens=s.max_new_tokens or None, backend=s.attention_backend, cuda_graphs=s.cuda_graphs,
+        kinematic_envelope=s.kinematic_envelope, text_layers=s.text_layers)
 
 
 def stamp_to_ns(stamp) -> int:

@@ -16,12 +16,11 @@ import numpy as np
 from tqdm import tqdm
 
 from wam_diff_core.decoding.block_diffusion import generate
-from wam_diff_core.decoding.config import DecoderConfig
+from wam_diff_core.decoding.config import DecoderConfig, step_count
 from wam_diff_core.decoding.constraint import planning_constraint
 from wam_diff_core.eval.score_cli import score_open_loop
 from wam_diff_core.model.checkpoint import LoadedModel
 from wam_diff_core.model.runner import ModelRunner
-from wam_diff_core.model.settings import steps_for_block
 from wam_diff_core.policy import TASK_BUDGET
 
 from ..data import DrivingDataset, Example, spaced_examples
@@ -32,7 +31,7 @@ from ..evaluate import prompt_batch
 def decoder_config(block_size: int, steps: int, strategy: str, threshold: float, max_new_tokens: int,
                    number_order: bool = True, kinematic_envelope: bool = True, forward_only: bool = False) -> DecoderConfig:
     """B = 1 decodes one token per forward; otherwise at most `steps` denoising steps per block."""
-    return evaluate_decoder_config(block_size, steps_for_block(block_size, steps), strategy, threshold, max_new_tokens,
+    return evaluate_decoder_config(block_size, step_count(block_size, steps), strategy, threshold, max_new_tokens,
                                    number_order=number_order, kinematic_envelope=kinematic_envelope,
                                    forward_only=forward_only)
 

@@ -23,12 +23,8 @@ import math
 
 import torch
 
-from ..model.settings import SCHEDULES, STRATEGIES
-
-
-def step_count(block_size: int, steps: int) -> int:
-    """Denoising steps a block actually takes at most: K, but never more than its B positions."""
-    return max(1, min(steps, block_size))
+from ..constants import SCHEDULES, STRATEGIES
+from .config import step_count
 
 
 def check_schedule(schedule: str) -> None:

@@ -2,30 +2,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..constants import JUNCTION_SCENARIOS, MASK_TOKEN, TRAJECTORY_FORMATS, WAM_DIFF_CONFIG_NAME
-
-STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
-# How many of a block's masked positions each step commits (remasking.masked_after): "linear" spreads them
-# evenly over the K steps; "cosine" (MaskGIT's schedule) commits few in the first steps and more later.
-SCHEDULES = ("linear", "cosine")
-# text layers of the decoders (eager and static paths): the model's own, the fast ones
-# (kernels.fast_layers: merged projections, fewer kernels), or those with their pure parts torch.compiled
-TEXT_LAYERS = ("model", "fast", "compiled")
-
-
-@dataclass(frozen=True)
-class DecodingDefaults:
-    block_size: int = 32
-    steps: int = 4
-    strategy: str = "low_confidence_dynamic"
-    threshold: float = 0.9
-    number_order: bool = True  # fixed-style trajectory digits most significant first
-    schedule: str = "linear"  # commits per step (SCHEDULES)
-    forward_only: bool = False  # the kinematic envelope's forward-only bound (DecoderConfig.forward_only)
+from ..decoding.config import DecoderConfig, step_count
 
 
 def check_frame_size(value: Sequence[int]) -> tuple[int, int]:
@@ -49,12 +31,6 @@ def check_route_target_scenarios(value: Sequence[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def steps_for_block(block_size: int, steps: int) -> int:
-    """Denoising steps per block actually used: B = 1 decodes one token per forward (one step);
-    a larger block takes `steps`, at most one per token of the block."""
-    return 1 if int(block_size) == 1 else min(int(steps), int(block_size))
-
-
 @dataclass(frozen=True)
 class WamDiffSettings:
     """mask_token_id / eos_token_id: ids in this checkpoint's vocabulary; trained_block_size: the block
@@ -71,18 +47,23 @@ class WamDiffSettings:
     mask_token: str = MASK_TOKEN
     trained_block_size: int = 1
     trajectory_format: str = "official"
-    decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
+    decoding: DecoderConfig = field(default_factory=DecoderConfig)  # written as its CHECKPOINT_KEYS
     frame_size: Optional[tuple[int, int]] = None  # (W, H) px of the camera frames its planning data was rendered at
     route_target: bool = False  # planning prompts state the route target point when the caller has one
     # with route_target: the route types whose planning data stated one (None: every route that had one); the
     # embedded world states targets on these alone for it
     route_target_scenarios: Optional[tuple[str, ...]] = None
+    name: Optional[str] = None  # the model's name ("nano-s-b32"); written first, left out when None
+    version: Optional[str] = None  # its release ("1.0.0"); written second, left out when None
 
     def __post_init__(self):
         if self.frame_size is not None:
             object.__setattr__(self, "frame_size", check_frame_size(self.frame_size))
         if self.route_target_scenarios is not None:
             object.__setattr__(self, "route_target_scenarios", check_route_target_scenarios(self.route_target_scenarios))
+        for key in ("name", "version"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                raise ValueError(f"{key} {getattr(self, key)!r}: expected a string")
 
     @property
     def route_targets_only_on(self) -> Optional[tuple[str, ...]]:
@@ -96,33 +77,44 @@ class WamDiffSettings:
         return (self.route_targets_only_on or True) if self.route_target else False
 
     def for_block_size(self, block_size: int) -> "WamDiffSettings":
-        """These settings for weights trained at `block_size`: the decoding defaults follow it (B = 1
+        """These settings for weights trained at `block_size`: the decoding settings follow it (B = 1
         decodes one token per forward; a larger B keeps the stored steps, strategy and threshold)."""
         b = int(block_size)
-        steps = steps_for_block(b, self.decoding.steps)
+        steps = step_count(b, self.decoding.steps)
         return replace(self, trained_block_size=b, decoding=replace(self.decoding, block_size=b, steps=steps))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The wam_diff.json form: name and version first (when set), then the fields in order, the
+        decoding settings as their CHECKPOINT_KEYS."""
+        out = {key: getattr(self, key) for key in ("name", "version") if getattr(self, key) is not None}
+        for f in fields(self):
+            if f.name not in ("name", "version"):
+                value = getattr(self, f.name)
+                out[f.name] = value.to_checkpoint() if f.name == "decoding" else value
+        return out
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(self.to_dict(), indent=2)
 
     def save(self, directory: str | Path) -> None:
         (Path(directory) / WAM_DIFF_CONFIG_NAME).write_text(self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "WamDiffSettings":
+        """Read a wam_diff.json; a ValueError names the file and the bad key or value."""
         path = Path(path)
         try:
             raw = json.loads(path.read_text())
-            decoding = DecodingDefaults(**raw.pop("decoding", {}))
+            if not isinstance(raw, dict):
+                raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(raw) - known)
+            if unknown:
+                raise ValueError(f"unknown keys {unknown}; expected some of {sorted(known)}")
+            decoding = DecoderConfig.from_checkpoint(raw.pop("decoding", {}))
             settings = cls(decoding=decoding, **raw)
         except (json.JSONDecodeError, TypeError, ValueError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not a valid {WAM_DIFF_CONFIG_NAME} ({exc})") from exc
-        if settings.decoding.strategy not in STRATEGIES:
-            raise ValueError(f"{path}: decoding.strategy {settings.decoding.strategy!r} not in {STRATEGIES}")
-        if settings.decoding.schedule not in SCHEDULES:
-            raise ValueError(f"{path}: decoding.schedule {settings.decoding.schedule!r} not in {SCHEDULES}")
-        if not isinstance(settings.decoding.forward_only, bool):
-            raise ValueError(f"{path}: decoding.forward_only {settings.decoding.forward_only!r}: expected true or false")
         if settings.trajectory_format not in TRAJECTORY_FORMATS:
             raise ValueError(f"{path}: trajectory_format {settings.trajectory_format!r} not in {TRAJECTORY_FORMATS}")
         if settings.trained_block_size < 1:

@@ -8,29 +8,26 @@ OUT/routes/, then OUT/summary.json and a printed table; chosen routes get a vide
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
 import math
-import multiprocessing as mp
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
-from ..constants import FRAME_SIZE, JUNCTION_SCENARIOS, NUM_WAYPOINTS, REPLAN_EVERY, WAYPOINT_DT_S
-from ..eval import bench2drive
-from ..model.settings import SCHEDULES, TEXT_LAYERS, steps_for_block
+from ..constants import BLOCKED_SPEED_MPS, FRAME_SIZE, JUNCTION_SCENARIOS, NUM_WAYPOINTS, REPLAN_EVERY, WAYPOINT_DT_S
 from ..control import ControllerConfig
-from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes, suite_version
+from ..decoding.options import add_decoding_arguments, decoding_arguments
+from ..eval import bench2drive
+from .jobs import add_progress_argument, route_jobs
+from .routes import (Route, add_frame_size_argument, add_selection_arguments, parse_seed_offsets, resolve_frame_size,
+                     select_routes, suite_version, with_seed_offsets)
 
 ROUTE_DEVIATION_M = {"corridor": 6.0, "road": 3.0}   # junction routes: from the route; others: beyond the road edge
 BLOCKED_AFTER_S = 30.0
-BLOCKED_SPEED_MPS = 0.1
 
 
 def shift_plan(traj: np.ndarray, age_s: float) -> np.ndarray:
@@ -66,6 +63,119 @@ def route_target_scenarios(policy) -> tuple[str, ...]:
     return tuple(getattr(policy, "route_target_scenarios", None) or JUNCTION_SCENARIOS)
 
 
+@dataclasses.dataclass
+class _Plans:
+    """The plans of one route: the one the controller tracks (made at plan_tick from plan_pose) and the one on
+    its way (pending: (Plan, pose, tick asked, tick it arrives)), with their counts and clocks."""
+
+    policy: object
+    dt: float
+    replan_every: int
+    realtime: bool
+    plan: Optional[np.ndarray] = None
+    plan_pose: Optional[tuple] = None
+    plan_tick: int = -10 ** 9
+    request_tick: int = -10 ** 9
+    pending: Optional[tuple] = None
+    invalid_plans: int = 0
+    plan_time: float = 0.0
+    latencies: list = dataclasses.field(default_factory=list)
+
+    def update(self, k: int, tick) -> None:
+        """At tick k: a plan arriving now first, then the next one asked for (applied at once when it takes no
+        ticks)."""
+        from .policies import safe_plan
+
+        while True:
+            if self.pending is not None and k >= self.pending[3]:
+                p, self.plan_pose, self.plan_tick, _ = self.pending
+                self.pending = None
+                if not p.valid:
+                    self.invalid_plans += 1
+                    self.plan = None
+                else:
+                    self.plan = np.asarray(p.trajectory, dtype=np.float64)
+            if self.pending is None and k - self.request_tick >= self.replan_every:
+                t0 = time.perf_counter()
+                p = safe_plan(self.policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command,
+                              tick.route_target)
+                wall = time.perf_counter() - t0
+                self.plan_time += wall
+                lag = latency_ticks(wall, self.dt) if self.realtime and self.request_tick >= 0 else 0
+                self.latencies.append(lag)
+                self.pending, self.request_tick = (p, tick.pose, k, k + lag), k
+                continue
+            break
+
+    def tracked(self, k: int, pose) -> Optional[np.ndarray]:
+        """The tracked plan at tick k in the ego frame of `pose`, re-timed by its age; None without one."""
+        if self.plan is None:
+            return None
+        age = (k - self.plan_tick) * self.dt
+        return self.plan if age == 0 else _to_frame(shift_plan(self.plan, age), self.plan_pose, pose)
+
+    def age_s(self, k: int) -> float:
+        return 0.0 if self.plan is None else (k - self.plan_tick) * self.dt
+
+    def asks_at(self, k: int) -> bool:
+        """Whether a plan is asked for at tick k (so that tick's frame is read)."""
+        return (self.pending is None or k >= self.pending[3]) and k - self.request_tick >= self.replan_every
+
+
+@dataclasses.dataclass
+class _Trace:
+    """What one route's drive leaves behind for its record: distances, ego signals, infractions, hashes."""
+
+    last_pose: tuple
+    offroad_m: float = 0.0
+    driven_m: float = 0.0
+    stopped_since: Optional[float] = None
+    infractions: list = dataclasses.field(default_factory=list)
+    speeds: list = dataclasses.field(default_factory=list)
+    lon: list = dataclasses.field(default_factory=list)
+    lat: list = dataclasses.field(default_factory=list)
+    yaw_rates: list = dataclasses.field(default_factory=list)
+    traffic: list = dataclasses.field(default_factory=list)
+    frame_hash: object = dataclasses.field(default_factory=hashlib.sha256)
+    state_hash: object = dataclasses.field(default_factory=hashlib.sha256)
+
+    def add(self, tick) -> None:
+        step_m = math.hypot(tick.pose[0] - self.last_pose[0], tick.pose[1] - self.last_pose[1])
+        self.last_pose = tick.pose
+        self.driven_m += step_m
+        if tick.off_road:
+            self.offroad_m += step_m
+        self.speeds.append(tick.ego.speed)
+        self.lon.append(tick.ego.ax)
+        self.lat.append(tick.ego.ay)
+        self.yaw_rates.append(tick.ego.yaw_rate)
+        near = [math.hypot(*v.velocity) for v in tick.vehicles if math.hypot(*v.xy) < 50.0]
+        if near:
+            self.traffic.append(float(np.mean(near)))
+        if tick.ego.speed < BLOCKED_SPEED_MPS:
+            self.stopped_since = tick.t if self.stopped_since is None else self.stopped_since
+        else:
+            self.stopped_since = None
+
+    def status(self, tick, route: Route, max_dev: float) -> Optional[str]:
+        """How the route ended at this tick (its infraction recorded), None while it goes on."""
+        if tick.collision:
+            self.infractions.append({"kind": "collision_vehicle", "time_s": tick.t})
+            return "Failed - collision"
+        if tick.progress_m >= route.target_distance_m:
+            return "Completed"
+        if tick.route_deviation_m > max_dev:
+            self.infractions.append({"kind": "route_deviation", "time_s": tick.t})
+            return "Failed - route deviation"
+        if self.stopped_since is not None and tick.t - self.stopped_since >= BLOCKED_AFTER_S:
+            self.infractions.append({"kind": "agent_blocked", "time_s": tick.t})
+            return "Failed - agent blocked"
+        if tick.t >= route.time_limit_s - 1e-9:
+            self.infractions.append({"kind": "route_timeout", "time_s": tick.t})
+            return "Failed - timeout"
+        return None
+
+
 def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bool = False,
               frame_size=FRAME_SIZE, replan_every: int = 1, controller_config=None, realtime: bool = False,
               stale_after_s: Optional[float] = None) -> dict:
@@ -79,7 +189,6 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
     stale_after_s: the controller's limit on a plan's age (it brakes on older plans), in place of its config's."""
     from ..control import Controller
     from .highway import WHEELBASE_M, HighwayWorld
-    from .policies import safe_plan
 
     drives_itself = bool(getattr(policy, "drives_itself", False))
     needs_images = bool(getattr(policy, "needs_images", True))
@@ -93,127 +202,33 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
     ctl = Controller(config)
     wall0 = time.perf_counter()
     tick = world.reset()
-    corridor = world._corridor_route
-    max_dev = ROUTE_DEVIATION_M["corridor" if corridor else "road"]
-    infractions, frames = [], []
-    speeds, lon, lat, yaw_rates, traffic = [], [], [], [], []
-    frame_hash = hashlib.sha256()
-    state_hash = hashlib.sha256()
-    invalid_plans = 0
-    plan_time = 0.0
-    plan, plan_pose, plan_tick = None, None, -10 ** 9
-    request_tick, pending = -10 ** 9, None  # pending: (Plan, pose, tick asked, tick it arrives)
-    latencies: list[int] = []
-    offroad_m, driven_m = 0.0, 0.0
-    last_pose = tick.pose
-    stopped_since = None
-    status = None
-    while True:
+    max_dev = ROUTE_DEVIATION_M["corridor" if world._corridor_route else "road"]
+    plans = _Plans(policy, world.dt, replan_every, realtime)
+    trace, frames, status = _Trace(tick.pose), [], None
+    while status is None:
         k = world._ticks
-        while True:  # a plan arriving now first, then the next one asked for (applied at once when it takes no ticks)
-            if pending is not None and k >= pending[3]:
-                p, plan_pose, plan_tick, _ = pending
-                pending = None
-                if not p.valid:
-                    invalid_plans += 1
-                    plan = None
-                else:
-                    plan = np.asarray(p.trajectory, dtype=np.float64)
-            if pending is None and k - request_tick >= replan_every:
-                t0 = time.perf_counter()
-                p = safe_plan(policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command,
-                              tick.route_target)
-                wall = time.perf_counter() - t0
-                plan_time += wall
-                lag = latency_ticks(wall, world.dt) if realtime and request_tick >= 0 else 0
-                latencies.append(lag)
-                pending, request_tick = (p, tick.pose, k, k + lag), k
-                continue
-            break
-        traj_now = None
-        if plan is not None:
-            age = (k - plan_tick) * world.dt
-            traj_now = plan if age == 0 else _to_frame(shift_plan(plan, age), plan_pose, tick.pose)
+        plans.update(k, tick)
+        traj_now = plans.tracked(k, tick.pose)
         if video and tick.frame is not None:
-            from .video import draw_plan
-
-            px = world.ego_to_pixels(np.vstack([[0.0, 0.0], traj_now])) if traj_now is not None else None
-            frames.append(draw_plan(tick.frame, px, f"{route.route_id} t={tick.t:4.1f}s v={tick.ego.speed:4.1f} {tick.command}"))
+            frames.append(_video_frame(world, route, tick, traj_now))
         if tick.frame is not None:
-            frame_hash.update(tick.frame.tobytes())
+            trace.frame_hash.update(tick.frame.tobytes())
         # the next tick's frame is rendered only when it is read: by the video, or by the plan asked for then
-        frame_next = video or (needs_images and (pending is None or k + 1 >= pending[3])
-                               and k + 1 - request_tick >= replan_every)
+        frame_next = video or (needs_images and plans.asks_at(k + 1))
         if drives_itself:
             tick = world.step(frame=frame_next)
         else:
-            c = ctl.step(traj_now, tick.ego.speed, world.dt, plan_age_s=0.0 if plan is None else (k - plan_tick) * world.dt)
+            c = ctl.step(traj_now, tick.ego.speed, world.dt, plan_age_s=plans.age_s(k))
             tick = world.step(c.accel, c.steer, frame=frame_next)
-        state_hash.update(np.asarray(world.snapshot()["vehicles"], dtype=np.float64).tobytes())
-        # bookkeeping
-        step_m = math.hypot(tick.pose[0] - last_pose[0], tick.pose[1] - last_pose[1])
-        last_pose = tick.pose
-        driven_m += step_m
-        if tick.off_road:
-            offroad_m += step_m
-        speeds.append(tick.ego.speed)
-        lon.append(tick.ego.ax)
-        lat.append(tick.ego.ay)
-        yaw_rates.append(tick.ego.yaw_rate)
-        near = [math.hypot(*v.velocity) for v in tick.vehicles if math.hypot(*v.xy) < 50.0]
-        if near:
-            traffic.append(float(np.mean(near)))
-        if tick.ego.speed < BLOCKED_SPEED_MPS:
-            stopped_since = tick.t if stopped_since is None else stopped_since
-        else:
-            stopped_since = None
-        if tick.collision:
-            infractions.append({"kind": "collision_vehicle", "time_s": tick.t})
-            status = "Failed - collision"
-        elif tick.progress_m >= route.target_distance_m:
-            status = "Completed"
-        elif tick.route_deviation_m > max_dev:
-            infractions.append({"kind": "route_deviation", "time_s": tick.t})
-            status = "Failed - route deviation"
-        elif stopped_since is not None and tick.t - stopped_since >= BLOCKED_AFTER_S:
-            infractions.append({"kind": "agent_blocked", "time_s": tick.t})
-            status = "Failed - agent blocked"
-        elif tick.t >= route.time_limit_s - 1e-9:
-            infractions.append({"kind": "route_timeout", "time_s": tick.t})
-            status = "Failed - timeout"
-        if status:
-            break
-    if driven_m > 0 and offroad_m > 0:
-        infractions.append({"kind": bench2drive.OUTSIDE_LANES, "time_s": tick.t,
-                            "pct": round(100.0 * offroad_m / driven_m, 3)})
+        trace.state_hash.update(np.asarray(world.snapshot()["vehicles"], dtype=np.float64).tobytes())
+        trace.add(tick)
+        status = trace.status(tick, route, max_dev)
+    if trace.driven_m > 0 and trace.offroad_m > 0:
+        trace.infractions.append({"kind": bench2drive.OUTSIDE_LANES, "time_s": tick.t,
+                                  "pct": round(100.0 * trace.offroad_m / trace.driven_m, 3)})
     world.close()
-    completion = 100.0 * min(tick.progress_m / route.target_distance_m, 1.0)
-    rec = {
-        **route.to_dict(),
-        "abilities": list(route.abilities),
-        "policy": getattr(policy, "name", type(policy).__name__),
-        "status": status,
-        "completion": round(max(completion, 0.0), 4),
-        "infractions": infractions,
-        "duration_s": round(tick.t, 3),
-        "ticks": world._ticks,
-        "invalid_plans": invalid_plans,
-        "efficiency": {"ego_mean_speed": float(np.mean(speeds)) if speeds else 0.0,
-                       "traffic_mean_speed": float(np.mean(traffic)) if traffic else 0.0},
-        "comfort": {"dt": world.dt, "lon_accel": [round(v, 4) for v in lon], "lat_accel": [round(v, 4) for v in lat],
-                    "yaw_rate": [round(v, 5) for v in yaw_rates]},
-        "offroad_m": round(offroad_m, 3),
-        "driven_m": round(driven_m, 3),
-        "frame_hash": frame_hash.hexdigest() if needs_images or video else None,
-        "state_hash": state_hash.hexdigest(),
-        "wall_s": round(time.perf_counter() - wall0, 3),
-        "plan_s": round(plan_time, 3),
-        "plans": len(latencies),
-    }
-    if realtime:
-        rec["realtime"] = {"latency_ticks_mean": round(float(np.mean(latencies)), 3) if latencies else 0.0,
-                           "latency_ticks_max": int(max(latencies, default=0))}
-    rec["score"] = bench2drive.route_score(rec["completion"], infractions)
+    rec = _route_record(route, policy, world, tick, status, trace, plans, hashed_frames=needs_images or video,
+                        wall_s=time.perf_counter() - wall0)
     if video and frames and out_dir is not None:
         from .video import write_video
 
@@ -221,31 +236,56 @@ def run_route(route: Route, policy, *, out_dir: Optional[Path] = None, video: bo
     return rec
 
 
+def _video_frame(world, route: Route, tick, traj_now: Optional[np.ndarray]) -> np.ndarray:
+    from .video import draw_plan
+
+    px = world.ego_to_pixels(np.vstack([[0.0, 0.0], traj_now])) if traj_now is not None else None
+    return draw_plan(tick.frame, px, f"{route.route_id} t={tick.t:4.1f}s v={tick.ego.speed:4.1f} {tick.command}")
+
+
+def _route_record(route: Route, policy, world, tick, status: str, trace: _Trace, plans: _Plans, *,
+                  hashed_frames: bool, wall_s: float) -> dict:
+    """The route record of a finished drive (completion, infractions, comfort and efficiency inputs, score)."""
+    completion = 100.0 * min(tick.progress_m / route.target_distance_m, 1.0)
+    rec = {
+        **route.to_dict(),
+        "abilities": list(route.abilities),
+        "policy": getattr(policy, "name", type(policy).__name__),
+        "status": status,
+        "completion": round(max(completion, 0.0), 4),
+        "infractions": trace.infractions,
+        "duration_s": round(tick.t, 3),
+        "ticks": world._ticks,
+        "invalid_plans": plans.invalid_plans,
+        "efficiency": {"ego_mean_speed": float(np.mean(trace.speeds)) if trace.speeds else 0.0,
+                       "traffic_mean_speed": float(np.mean(trace.traffic)) if trace.traffic else 0.0},
+        "comfort": {"dt": world.dt, "lon_accel": [round(v, 4) for v in trace.lon],
+                    "lat_accel": [round(v, 4) for v in trace.lat], "yaw_rate": [round(v, 5) for v in trace.yaw_rates]},
+        "offroad_m": round(trace.offroad_m, 3),
+        "driven_m": round(trace.driven_m, 3),
+        "frame_hash": trace.frame_hash.hexdigest() if hashed_frames else None,
+        "state_hash": trace.state_hash.hexdigest(),
+        "wall_s": round(wall_s, 3),
+        "plan_s": round(plans.plan_time, 3),
+        "plans": len(plans.latencies),
+    }
+    if plans.realtime:
+        lat = plans.latencies
+        rec["realtime"] = {"latency_ticks_mean": round(float(np.mean(lat)), 3) if lat else 0.0,
+                           "latency_ticks_max": int(max(lat, default=0))}
+    rec["score"] = bench2drive.route_score(rec["completion"], trace.infractions)
+    return rec
+
+
 # ---------------------------------------------------------------- workers
 
 
-@contextlib.contextmanager
-def worker_threads(workers: int):
-    """Spawned policy workers share the cores: unless OMP_NUM_THREADS is set, each gets cpu_count //
-    workers torch threads (measured: two 2-thread workers on 2 cores drove the AR model 5 routes in 12
-    min, one thread each 43 routes in 7.4 min)."""
-    key = "OMP_NUM_THREADS"
-    if workers <= 1 or key in os.environ:
-        yield
-        return
-    os.environ[key] = str(max(1, (os.cpu_count() or 1) // workers))
-    try:
-        yield
-    finally:
-        os.environ.pop(key, None)
-
-
 def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video: bool, frame_size, replan_every: int,
-            overrides: Optional[dict] = None, realtime: bool = False, stale_after_s: Optional[float] = None) -> dict:
+            decoding: Optional[dict] = None, realtime: bool = False, stale_after_s: Optional[float] = None) -> dict:
     from .policies import cached_policy
 
     route = Route(**route_dict)
-    rec = run_route(route, cached_policy(policy_spec, device, overrides), out_dir=Path(out_dir), video=video,
+    rec = run_route(route, cached_policy(policy_spec, device, decoding), out_dir=Path(out_dir), video=video,
                     frame_size=frame_size, replan_every=replan_every, realtime=realtime,
                     stale_after_s=stale_after_s)
     path = Path(out_dir) / "routes" / f"{route.route_id}.json"
@@ -254,55 +294,13 @@ def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video
     return rec
 
 
-def route_jobs(worker, args: list[tuple], workers: int, *, desc: Optional[str] = None, total: Optional[int] = None,
-               postfix: Optional[Callable[[list], dict]] = None):
-    """worker(*a) for each job (a[0] is the route dict), in this process or a spawn pool of `workers`
-    (one share of the cores each, `worker_threads`); yields each result as it finishes, None for a
-    route whose worker crashed (reported: it costs its route, not the run). With `desc`: a progress bar
-    over `total` routes (default: the jobs; more when some were done before), `postfix(results so far)`
-    shown beside it."""
-    bar = None
-    if desc is not None:
-        from tqdm import tqdm
-
-        total = len(args) if total is None else total
-        bar = tqdm(total=total, initial=total - len(args), desc=desc, unit="route")
-    done = []  # the finished results, kept only for `postfix`
-    try:
-        for res in _run_jobs(worker, args, workers):
-            if bar is not None:
-                bar.update(1)
-                if postfix is not None:
-                    done += [res] if res is not None else []
-                    bar.set_postfix(postfix(done))
-            yield res
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-def _run_jobs(worker, args: list[tuple], workers: int):
-    if workers <= 1:
-        for a in args:
-            yield worker(*a)
-        return
-    with worker_threads(workers), \
-            ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-        futs = {ex.submit(worker, *a): a[0]["route_id"] for a in args}
-        for f in as_completed(futs):
-            try:
-                yield f.result()
-            except Exception as exc:
-                print(f"route {futs[f]} failed in its worker: {type(exc).__name__}: {exc}")
-                yield None
-
-
 def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: int = 1, video_ids=(),
                 frame_size=FRAME_SIZE, replan_every: int = 1, device: str = "cpu", resume: bool = False,
-                progress: bool = True, overrides: Optional[dict] = None, realtime: bool = False,
+                progress: bool = True, decoding: Optional[dict] = None, realtime: bool = False,
                 stale_after_s: Optional[float] = None) -> dict:
     """Run routes (in `workers` processes), write per-route JSON and summary.json; return the summary.
-    `overrides`: PolicyConfig fields for a learned policy (block_size, steps, ...)."""
+    `decoding`: DecoderConfig fields a learned policy decodes with on top of its checkpoint's own
+    (`resolve_decoding`; recorded in the summary as policy_overrides)."""
     out_dir = Path(out_dir)
     (out_dir / "routes").mkdir(parents=True, exist_ok=True)
     records, todo = [], []
@@ -314,13 +312,14 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
             todo.append(r)
     t0 = time.perf_counter()
     args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every,
-             overrides, realtime, stale_after_s) for r in todo]
-    records += [rec for rec in route_jobs(_worker, args, workers, desc=f"drive {policy_spec}" if progress else None)
+             decoding or None, realtime, stale_after_s) for r in todo]
+    records += [rec for rec in route_jobs(_worker, args, workers, desc=f"drive {policy_spec}" if progress else None,
+                                          total=len(routes))
                 if rec is not None]
     summary = bench2drive.summarize(records, expected_route_ids=[r.route_id for r in routes])
     summary.update({
         "policy": policy_spec,
-        "policy_overrides": overrides or {},
+        "policy_overrides": decoding or {},
         "suite": suite_version(),
         "wall_s": round(time.perf_counter() - t0, 2),
         "workers": workers,
@@ -340,61 +339,6 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
 
 
 # ---------------------------------------------------------------- CLI
-def policy_overrides(block_size: Optional[int], steps: Optional[int], number_order: Optional[bool] = None,
-                     kinematic_envelope: Optional[bool] = None, schedule: Optional[str] = None,
-                     forward_only: Optional[bool] = None, text_layers: Optional[str] = None) -> Optional[dict]:
-    """PolicyConfig overrides from the command line; B = 1 always decodes one token per step."""
-    out = {} if number_order is None else {"number_order": bool(number_order)}
-    if text_layers is not None:
-        out["text_layers"] = text_layers
-    if kinematic_envelope is not None:
-        out["kinematic_envelope"] = bool(kinematic_envelope)
-    if forward_only is not None:
-        out["forward_only"] = bool(forward_only)
-    if schedule is not None:
-        out["schedule"] = schedule
-    if block_size is not None:
-        out["block_size"] = block_size
-        if steps is not None or block_size == 1:
-            out["steps"] = steps_for_block(block_size, steps if steps is not None else 1)
-    elif steps is not None:
-        out["steps"] = steps
-    return out or None
-
-
-def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --block-size, --steps, --number-order, --kinematic-envelope, --forward-only, --schedule,
-    --text-layers: how every suite command runs a learned policy (see `policy_overrides`, `cli_overrides`)."""
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--block-size", type=int, default=None,
-                        help="learned policy: decode with this block size (default: the checkpoint's own)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="learned policy: denoising steps per block (default: the checkpoint's own)")
-    parser.add_argument("--number-order", choices=("on", "off"), default=None,
-                        help="learned policy: commit each trajectory number's digits most significant first "
-                             "(default: the checkpoint's own, on when it does not say)")
-    parser.add_argument("--kinematic-envelope", choices=("on", "off"), default=None,
-                        help="learned policy: decode plans inside the kinematic envelope (default: on; "
-                             "wam_diff_core/decoding/envelope.py)")
-    parser.add_argument("--forward-only", choices=("on", "off"), default=None,
-                        help="learned policy: the envelope also keeps plans from stepping back along the ego's "
-                             "heading (default: the checkpoint's own, off when it does not say)")
-    parser.add_argument("--schedule", choices=SCHEDULES, default=None,
-                        help="learned policy: how many positions each denoising step commits (default: the "
-                             "checkpoint's own, linear when it does not say; wam_diff_core/decoding/remasking.py)")
-    parser.add_argument("--text-layers", choices=TEXT_LAYERS, default=None,
-                        help="learned policy: the model's text layers, or kernels.fast_layers' (the same plans, "
-                             "faster; default: model)")
-
-
-def cli_overrides(args) -> Optional[dict]:
-    """`policy_overrides` of the options `add_decoding_arguments` added."""
-    order = None if args.number_order is None else args.number_order == "on"
-    envelope = None if args.kinematic_envelope is None else args.kinematic_envelope == "on"
-    forward = None if args.forward_only is None else args.forward_only == "on"
-    return policy_overrides(args.block_size, args.steps, order, envelope, args.schedule, forward, args.text_layers)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="expert | expert-plan | constant-velocity | checkpoint path or preset")
     parser.add_argument("--out", required=True, help="output directory (routes/*.json, summary.json, videos/)")
@@ -407,7 +351,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed-offsets", default="0",
                         help="comma-separated traffic seed offsets: every route once per offset (0: the suite's own "
                              "traffic; others: the same road and scenario with other traffic, ids <route>_s<offset>); "
-                             "training data drove offsets 0-20000 (v18), so take others for a robustness check")
+                             "training data drove offsets 0-20000, so take others for a robustness check")
     parser.add_argument("--realtime", action="store_true",
                         help="the world does not wait for the planner: each plan arrives after its measured decode "
                              "time, rounded up to 10 Hz ticks, and the controller tracks the previous plan meanwhile "
@@ -415,14 +359,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stale-after-s", type=float, default=None,
                         help="the controller brakes on plans older than this (default: its config's, "
                              f"{ControllerConfig.stale_after_s:g} s)")
-    add_decoding_arguments(parser)
     parser.add_argument("--resume", action="store_true", help="keep routes already written in OUT/routes")
+    add_progress_argument(parser)
+    add_decoding_arguments(parser)
 
 
 def run(args) -> int:
-    from .datagen import with_seed_offsets
-    from .routes import parse_seed_offsets
-
     routes = select_routes(args)
     if not routes:
         print("no routes selected")
@@ -435,7 +377,8 @@ def run(args) -> int:
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
                           frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume,
-                          overrides=cli_overrides(args), realtime=args.realtime, stale_after_s=args.stale_after_s)
+                          progress=not args.no_progress, decoding=decoding_arguments(args), realtime=args.realtime,
+                          stale_after_s=args.stale_after_s)
     print(bench2drive.format_table(summary))
     print(f"wall {summary['wall_s']:.1f} s, plans {summary['plans']}, invalid plans {summary['invalid_plans']}")
     if args.realtime:

@@ -22,9 +22,10 @@ from typing import Optional
 
 import numpy as np
 
+from ..constants import FRAME_SIZE
 from .dagger import planning_sample
 from .datagen import VAL_FRACTION, add_split_arguments, merge_parts, pending_routes, training_copies, write_part
-from ..constants import FRAME_SIZE
+from .jobs import add_progress_argument, route_jobs
 from .routes import (Route, add_frame_size_argument, add_selection_arguments, load_routes, parse_frame_size, parse_seed_offsets,
                      select_routes)
 
@@ -76,8 +77,6 @@ def generate(routes: list[Route], out_dir: Path, *, seed_offsets=DEFAULT_SEED_OF
              workers: int = 1, progress: bool = True, split_over: Optional[list[Route]] = None) -> dict:
     """Pairs on the training-split routes (once per seed offset); held-out routes are never driven. The
     split is drawn over `split_over` (the whole suite; default: `routes`)."""
-    from .closed_loop import route_jobs
-
     if every < 1:
         raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
     if min_change_m < 0:
@@ -111,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out pairs whose expert plans differ by less (mean waypoint distance, m)")
     add_frame_size_argument(parser, policy_default=False)
     parser.add_argument("--workers", type=int, default=1)
+    add_progress_argument(parser)
 
 
 def run(args) -> int:
@@ -122,7 +122,7 @@ def run(args) -> int:
     try:
         stats = generate(routes, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction, every=args.every,
                          frame_size=(w, h), min_change_m=args.min_change, workers=args.workers,
-                         split_over=load_routes(args.routes))
+                         progress=not args.no_progress, split_over=load_routes(args.routes))
     except ValueError as exc:
         raise SystemExit(f"wam-diff counterfactual: {exc}")
     print(json.dumps({k: stats[k] for k in ("pairs", "samples", "routes", "skipped_small_change",

@@ -11,11 +11,11 @@ expert's plan is executed instead of the policy's (the DAgger mixture; 0 = the p
 Stationary stretches are trimmed as `wam-diff data` trims them when `--wait-keep-s` is given: a drive
 that ends stuck (the policy blocked, and the expert's rollout from there often blocked too) keeps only
 its first seconds, and a wait the ego drives off from keeps its first --wait-keep-s and its last
---wait-lead-s. Without it every labelled tick is kept: the third round (v11) drove 97 % of its
+--wait-lead-s. Without it every labelled tick is kept: one untrimmed DAgger set drew 97 % of its
 intersection "stop" labels from such stuck stretches, and a model trained on them stopped at every
 junction. With --keep-departures a trimmed stretch still keeps every sample whose expert label drives off
 (the controller would move on it): where the policy stands still while the expert would go (an empty
-roundabout the v11 model waited at for 30 s), those labels are the lesson DAgger is for. The parts keep
+roundabout that model waited at for 30 s), those labels are the lesson DAgger is for. The parts keep
 every sample; the trimming happens when train.json is merged, so a rerun with another setting re-merges
 without driving again.
 
@@ -37,11 +37,13 @@ from typing import Optional
 import numpy as np
 
 from ..constants import FRAME_SIZE, HORIZON_S, IMAGE_PLACEHOLDER, REPLAN_EVERY
+from ..decoding.options import add_decoding_arguments, decoding_arguments
 from ..eval import bench2drive
 from ..types import Plan
-from .closed_loop import route_jobs
+from .closed_loop import run_route
 from .datagen import (DATASOURCE, STUCK_KEEP_S, VAL_FRACTION, add_split_arguments, add_wait_arguments, merge_parts,
                       pending_routes, training_copies, waiting_keep, write_part)
+from .jobs import add_progress_argument, route_jobs
 from .policies import expert_plan, safe_plan
 from .routes import (Route, add_frame_size_argument, add_selection_arguments, load_routes, parse_seed_offsets,
                      resolve_frame_size, select_routes)
@@ -154,8 +156,6 @@ def _trimmed(part: dict, wait_keep_s: float, wait_lead_s: float, keep_departures
 def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_size=FRAME_SIZE,
                   every: int = REPLAN_EVERY, seed: int = 0) -> dict:
     """Drive one route with `policy`, labelling every planning tick; write OUT/parts/<route_id>.json."""
-    from .closed_loop import run_route
-
     out_dir = Path(out_dir)
     dag = DaggerPolicy(policy, route, out_dir, beta=beta, seed=seed)
     rec = run_route(route, dag, frame_size=frame_size, replan_every=every)
@@ -170,11 +170,11 @@ def collect_route(route: Route, policy, out_dir: Path, beta: float = 0.0, frame_
 
 
 def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, beta: float, frame_size, every: int,
-            overrides: Optional[dict]) -> dict:
+            decoding: Optional[dict]) -> dict:
     from .policies import cached_policy
 
     route = Route(**route_dict)
-    return collect_route(route, cached_policy(policy_spec, device, overrides), Path(out_dir), beta=beta,
+    return collect_route(route, cached_policy(policy_spec, device, decoding), Path(out_dir), beta=beta,
                          frame_size=frame_size, every=every, seed=route.seed)
 
 
@@ -184,12 +184,13 @@ def _samples_postfix(done: list) -> dict:
 
 def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offsets=DEFAULT_SEED_OFFSETS,
             val_fraction: float = VAL_FRACTION, beta: float = 0.0, frame_size=FRAME_SIZE, every: int = REPLAN_EVERY, workers: int = 1,
-            device: str = "cpu", overrides: Optional[dict] = None, progress: bool = True,
+            device: str = "cpu", decoding: Optional[dict] = None, progress: bool = True,
             split_over: Optional[list[Route]] = None, wait_keep_s: Optional[float] = None,
             wait_lead_s: float = HORIZON_S, keep_departures: bool = False) -> dict:
     """Drive the training-split routes (once per seed offset) and write the DAgger dataset. The split is
     drawn over `split_over` (the whole suite; default: `routes`). With `wait_keep_s`, stationary stretches
-    are trimmed when the dataset is merged (`trim_waits`; `keep_departures` as there)."""
+    are trimmed when the dataset is merged (`trim_waits`; `keep_departures` as there). `decoding`: DecoderConfig
+    fields the policy decodes with on top of its checkpoint's own."""
     if every < 1:
         raise ValueError(f"every {every}: expected a whole number of ticks >= 1")
     if wait_keep_s is not None and not wait_keep_s >= 0:
@@ -198,7 +199,8 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
     driven, held_out = training_copies(routes, val_fraction, seed_offsets, split_over)
     todo = pending_routes(out_dir, driven)
     t0 = time.perf_counter()
-    args = [(r.to_dict(), policy_spec, device, str(out_dir), beta, tuple(frame_size), every, overrides) for r in todo]
+    args = [(r.to_dict(), policy_spec, device, str(out_dir), beta, tuple(frame_size), every, decoding or None)
+            for r in todo]
     done = [res for res in route_jobs(_worker, args, workers, desc=f"dagger {policy_spec}" if progress else None,
                                       total=len(driven), postfix=_samples_postfix) if res is not None]
     generated = sum(res["num_samples"] for res in done)
@@ -210,7 +212,7 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
     parts = [json.loads(p.read_text()) for r in driven if (p := out_dir / "parts" / f"{r.route_id}.json").is_file()]
     drives = bench2drive.summarize([p["record"] for p in parts], expected_route_ids=[r.route_id for r in driven])
     stats.update({
-        "policy": policy_spec, "policy_overrides": overrides or {}, "beta": beta, "every": every,
+        "policy": policy_spec, "policy_overrides": decoding or {}, "beta": beta, "every": every,
         "seed_offsets": list(seed_offsets), "held_out_routes": held_out,
         "wait_keep_s": wait_keep_s, "wait_lead_s": wait_lead_s if wait_keep_s is not None else None,
         "keep_departures": bool(keep_departures and wait_keep_s is not None),
@@ -226,8 +228,6 @@ def collect(routes: list[Route], policy_spec: str, out_dir: Path, *, seed_offset
 
 # ---------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .closed_loop import add_decoding_arguments
-
     parser.add_argument("--policy", required=True, help="checkpoint path or preset that drives")
     parser.add_argument("--out", required=True, help="dataset directory")
     add_selection_arguments(parser)
@@ -240,12 +240,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_wait_arguments(parser, "default: keep every labelled tick")
     parser.add_argument("--keep-departures", action="store_true",
                         help="with --wait-keep-s: keep every sample whose expert label drives off, trimmed stretch or not")
+    add_progress_argument(parser)
     add_decoding_arguments(parser)
 
 
 def run(args) -> int:
-    from .closed_loop import cli_overrides
-
     routes = select_routes(args)
     if not routes:
         print("no routes selected")
@@ -253,7 +252,7 @@ def run(args) -> int:
     offsets, (w, h) = parse_seed_offsets(args.seed_offsets), resolve_frame_size(args.frame_size, args.policy)
     stats = collect(routes, args.policy, Path(args.out), seed_offsets=offsets, val_fraction=args.val_fraction,
                     beta=args.beta, frame_size=(w, h), every=args.every, workers=args.workers, device=args.device,
-                    overrides=cli_overrides(args), split_over=load_routes(args.routes),
+                    decoding=decoding_arguments(args), progress=not args.no_progress, split_over=load_routes(args.routes),
                     wait_keep_s=args.wait_keep_s, wait_lead_s=args.wait_lead_s,
                     keep_departures=args.keep_departures)
     print(json.dumps({k: stats[k] for k in ("samples", "routes", "drives", "expert_crashed_labels",

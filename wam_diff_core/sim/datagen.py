@@ -19,14 +19,15 @@ import json
 import math
 import time
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from ..constants import FRAME_SIZE, HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
-from .routes import Route, add_frame_size_argument, add_selection_arguments, parse_frame_size, parse_seed_offsets, select_routes, suite_version
+from ..constants import BLOCKED_SPEED_MPS, FRAME_SIZE, HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
+from .jobs import add_progress_argument, route_jobs
+from .routes import (Route, add_frame_size_argument, add_selection_arguments, parse_frame_size, parse_seed_offsets,
+                     select_routes, suite_version, with_seed_offsets)
 
 DATASOURCE = "wam-diff-highway"
 # An expert run that ends stationary short of its target (blocked behind a deadlock, or timed out)
@@ -46,8 +47,6 @@ def waiting_keep(speeds: np.ndarray, times: np.ndarray, completed: bool, stuck_k
     lead_s (whose futures show the start), so long waits do not drown the rare starts. A policy
     without memory sees the same scene at every tick of a wait: a short lead_s teaches it to start
     when it is stopped, a long one to wait."""
-    from .closed_loop import BLOCKED_SPEED_MPS
-
     speeds, times = np.asarray(speeds, dtype=float), np.asarray(times, dtype=float)
     keep = np.ones(speeds.shape, dtype=bool)
     stopped = speeds < BLOCKED_SPEED_MPS
@@ -66,21 +65,6 @@ def waiting_keep(speeds: np.ndarray, times: np.ndarray, completed: bool, stuck_k
             keep[i:j + 1] = (t <= times[i] + wait_keep_s) | (t >= times[j + 1] - lead_s)
         i = j + 1
     return keep
-
-
-def with_seed_offsets(routes: list[Route], offsets: list[int]) -> tuple[list[Route], dict[str, str]]:
-    """Each route once per seed offset (offset 0 is the route itself; others get id
-    '<route_id>_s<offset>' and seed + offset: same road and options, other traffic), and
-    route_id -> base route id, so a copy always lands in its base route's split."""
-    if not offsets or any(o < 0 for o in offsets) or len(set(offsets)) != len(offsets):
-        raise ValueError(f"seed offsets {offsets}: expected distinct integers >= 0")
-    out, base = [], {}
-    for o in offsets:
-        for r in routes:
-            c = r if o == 0 else replace(r, route_id=f"{r.route_id}_s{o}", seed=r.seed + o)
-            out.append(c)
-            base[c.route_id] = r.route_id
-    return out, base
 
 
 def training_copies(routes: list[Route], val_fraction: float, seed_offsets, split_over=None) -> tuple[list[Route], list[str]]:
@@ -197,24 +181,13 @@ def _pdm_scene(tick, lanes, future: np.ndarray, agent_futures: dict) -> dict:
             "reference_progress": float(future[-1, 0])}
 
 
-def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=FRAME_SIZE, split: str = "train",
-                   tasks=("planning", "detection", "qa"), wait_keep_s: Optional[float] = None,
-                   wait_lead_s: float = HORIZON_S) -> dict:
-    """Drive one route with the expert and write its samples to OUT/parts/<route_id>.json."""
-    from PIL import Image
+def _expert_ticks(route: Route, frame_size, every: int) -> tuple[float, list, dict]:
+    """The expert drives `route` to its end (`route_over`): (tick length s, every tick, tick -> lanes at the
+    sampled ticks, the only ones whose frames are rendered)."""
+    from .highway import HighwayWorld, route_over
 
-    from ..codec import format_detections, format_trajectory
-    from ..prompts import detection_prompt, planning_prompt, qa_prompt
-    from .highway import HighwayWorld, route_over, world_to_ego
-
-    t0 = time.perf_counter()
     world = HighwayWorld(route, frame_size=frame_size, driver="expert", render=True)
-    tick = world.reset()
-    ticks, lanes_at = [tick], {}
-    horizon = int(round(HORIZON_S / world.dt))
-    step_ticks = int(round(WAYPOINT_DT_S / world.dt))
-    if 0 % every == 0:
-        lanes_at[0] = world.lanes_gt()
+    ticks, lanes_at = [world.reset()], {0: world.lanes_gt()}
     while True:
         tick = world.step(frame=len(ticks) % every == 0)  # only the sampled ticks' frames are read
         k = len(ticks)
@@ -224,6 +197,75 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=FRAME
         if route_over(route, tick):
             break
     world.close()
+    return world.dt, ticks, lanes_at
+
+
+def _agent_futures(ticks: list, k: int, step_ticks: int, pose) -> dict:
+    """vehicle id -> its logged future in tick k's ego frame (NUM_WAYPOINTS x [x, y, heading]), for the PDM
+    score; vehicles that leave the view within the horizon are left out."""
+    from .highway import world_to_ego
+
+    agent_fut = {}
+    for v in ticks[k].vehicles:
+        pts = []
+        for j in range(1, NUM_WAYPOINTS + 1):
+            later = next((u for u in ticks[k + j * step_ticks].vehicles if u.vid == v.vid), None)
+            if later is None:
+                break
+            # later.xy is in the later ego frame: back to world, then into this frame
+            lp = np.array(ticks[k + j * step_ticks].pose)
+            c, s = math.cos(lp[2]), math.sin(lp[2])
+            w = np.array([lp[0] + c * later.xy[0] - s * later.xy[1], lp[1] + s * later.xy[0] + c * later.xy[1]])
+            e = world_to_ego(w, pose[0], pose[1])
+            pts.append([float(e[0]), float(e[1]), float(later.heading + lp[2] - pose[1])])
+        if len(pts) == NUM_WAYPOINTS:
+            agent_fut[v.vid] = pts
+    return agent_fut
+
+
+def _frame_samples(route: Route, tk, k: int, rel: str, future: np.ndarray, split: str, tasks) -> list[dict]:
+    """The samples of one frame (image `rel`, the expert's `future` in its ego frame), one per task asked for."""
+    from ..codec import format_detections, format_trajectory
+    from ..prompts import detection_prompt, planning_prompt, qa_prompt
+
+    meta = {"route_id": route.route_id, "scenario": route.scenario, "seed": route.seed, "tick": k, "t": tk.t,
+            "split": split, "command": tk.command, "ego": [tk.ego.vx, tk.ego.vy, tk.ego.ax, tk.ego.ay, tk.ego.yaw_rate],
+            # the other vehicles in view, boxes in the frame's pixels (the perception loss of training/perception.py)
+            "frame_size": [int(tk.frame.shape[1]), int(tk.frame.shape[0])],
+            "boxes_px": [[round(float(c), 1) for c in d.box_px] for d in tk.detections]}
+    base = f"{route.route_id}_{k:04d}"
+    samples = []
+    if "planning" in tasks:
+        samples.append({"id": f"{base}_plan", "datasource": DATASOURCE, "task": "planning", "image": [rel],
+                        "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(tk.ego, tk.command, tk.route_target)}"},
+                                          {"from": "gpt", "value": format_trajectory(future)}],
+                        "meta": meta})
+    if "detection" in tasks:
+        samples.append({"id": f"{base}_det", "datasource": DATASOURCE, "task": "detection", "image": [rel],
+                        "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{detection_prompt()}"},
+                                          {"from": "gpt", "value": format_detections(tk.detections)}],
+                        "meta": meta})
+    if "qa" in tasks:
+        for kind, q, a in qa_pairs(tk, future):
+            samples.append({"id": f"{base}_qa_{kind}", "datasource": DATASOURCE, "task": "qa", "image": [rel],
+                            "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{qa_prompt(q)}"},
+                                              {"from": "gpt", "value": a}],
+                            "meta": {**meta, "qa_kind": kind}})
+    return samples
+
+
+def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=FRAME_SIZE, split: str = "train",
+                   tasks=("planning", "detection", "qa"), wait_keep_s: Optional[float] = None,
+                   wait_lead_s: float = HORIZON_S) -> dict:
+    """Drive one route with the expert and write its samples to OUT/parts/<route_id>.json."""
+    from PIL import Image
+
+    from .highway import world_to_ego
+
+    t0 = time.perf_counter()
+    dt, ticks, lanes_at = _expert_ticks(route, frame_size, every)
+    horizon = int(round(HORIZON_S / dt))
+    step_ticks = int(round(WAYPOINT_DT_S / dt))
     crashed = ticks[-1].collision
     completed = ticks[-1].progress_m >= route.target_distance_m
     keep = waiting_keep(np.array([t.ego.speed for t in ticks]), np.array([t.t for t in ticks]), completed or crashed,
@@ -243,46 +285,11 @@ def generate_route(route: Route, out_dir: Path, every: int = 5, frame_size=FRAME
         future = world_to_ego(fut_world, pose[0], pose[1])
         rel = f"images/{route.route_id}/{k:04d}.png"
         Image.fromarray(tk.frame).save(out_dir / rel, compress_level=1)
-        meta = {"route_id": route.route_id, "scenario": route.scenario, "seed": route.seed, "tick": k, "t": tk.t,
-                "split": split, "command": tk.command, "ego": [tk.ego.vx, tk.ego.vy, tk.ego.ax, tk.ego.ay, tk.ego.yaw_rate],
-                # the other vehicles in view, boxes in the frame's pixels (the perception loss of training/perception.py)
-                "frame_size": [int(tk.frame.shape[1]), int(tk.frame.shape[0])],
-                "boxes_px": [[round(float(c), 1) for c in d.box_px] for d in tk.detections]}
-        base = f"{route.route_id}_{k:04d}"
-        if "planning" in tasks:
-            samples.append({"id": f"{base}_plan", "datasource": DATASOURCE, "task": "planning", "image": [rel],
-                            "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{planning_prompt(tk.ego, tk.command, tk.route_target)}"},
-                                              {"from": "gpt", "value": format_trajectory(future)}],
-                            "meta": meta})
-            if split == "val":
-                # agents' logged futures in this frame's ego frame, for the PDM score
-                agent_fut = {}
-                for v in tk.vehicles:
-                    pts = []
-                    for j in range(1, NUM_WAYPOINTS + 1):
-                        later = next((u for u in ticks[k + j * step_ticks].vehicles if u.vid == v.vid), None)
-                        if later is None:
-                            break
-                        # later.xy is in the later ego frame: back to world, then into this frame
-                        lp = np.array(ticks[k + j * step_ticks].pose)
-                        c, s = math.cos(lp[2]), math.sin(lp[2])
-                        w = np.array([lp[0] + c * later.xy[0] - s * later.xy[1], lp[1] + s * later.xy[0] + c * later.xy[1]])
-                        e = world_to_ego(w, pose[0], pose[1])
-                        pts.append([float(e[0]), float(e[1]), float(later.heading + lp[2] - pose[1])])
-                    if len(pts) == NUM_WAYPOINTS:
-                        agent_fut[v.vid] = pts
-                scenes.append({"id": f"{base}_plan", **_pdm_scene(tk, lanes_at.get(k, []), future, agent_fut)})
-        if "detection" in tasks:
-            samples.append({"id": f"{base}_det", "datasource": DATASOURCE, "task": "detection", "image": [rel],
-                            "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{detection_prompt()}"},
-                                              {"from": "gpt", "value": format_detections(tk.detections)}],
-                            "meta": meta})
-        if "qa" in tasks:
-            for kind, q, a in qa_pairs(tk, future):
-                samples.append({"id": f"{base}_qa_{kind}", "datasource": DATASOURCE, "task": "qa", "image": [rel],
-                                "conversations": [{"from": "human", "value": f"{IMAGE_PLACEHOLDER}\n{qa_prompt(q)}"},
-                                                  {"from": "gpt", "value": a}],
-                                "meta": {**meta, "qa_kind": kind}})
+        samples += _frame_samples(route, tk, k, rel, future, split, tasks)
+        if "planning" in tasks and split == "val":
+            # agents' logged futures in this frame's ego frame, for the PDM score
+            scenes.append({"id": f"{route.route_id}_{k:04d}_plan",
+                           **_pdm_scene(tk, lanes_at.get(k, []), future, _agent_futures(ticks, k, step_ticks, pose))})
     part = {"route": route.to_dict(), "split": split, "crashed": crashed, "completed": completed,
             "waiting_ticks_dropped": int((~keep[:last + 1]).sum()) if last >= 0 else 0, "ticks": len(ticks),
             "frames": len({s["image"][0] for s in samples}), "samples": samples, "scenes": scenes,
@@ -361,8 +368,8 @@ def generate(routes: list[Route], out_dir: Path, workers: int = 1, every: int = 
              val_fraction: float = VAL_FRACTION, tasks=("planning", "detection", "qa"), progress: bool = True,
              seed_offsets=(0,), wait_keep_s: Optional[float] = None,
              wait_lead_s: float = HORIZON_S) -> dict:
-    from .closed_loop import route_jobs
-
+    """The dataset of `routes` (once per seed offset, each copy in its route's split) in OUT: the parts of the
+    routes not written yet, then the merged splits and statistics (`merge_parts`), which it returns."""
     out_dir = Path(out_dir)
     base_splits = assign_splits(routes, val_fraction)
     routes, base = with_seed_offsets(routes, list(seed_offsets))
@@ -405,6 +412,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help="share of route seeds held out")
     add_frame_size_argument(parser, policy_default=False)
     parser.add_argument("--workers", type=int, default=1)
+    add_progress_argument(parser)
     add_wait_arguments(parser, "default: keep every wait frame (a run stuck at its end keeps its first 3 s)")
     parser.add_argument("--seed-offsets", default="0",
                         help="comma-separated: drive every route once per offset, its traffic seeded with seed + offset "
@@ -419,7 +427,7 @@ def run(args) -> int:
         raise SystemExit(f"unknown tasks {bad}; expected planning, detection, qa")
     offsets, (w, h) = parse_seed_offsets(args.seed_offsets), parse_frame_size(args.frame_size)
     stats = generate(routes, Path(args.out), workers=args.workers, every=args.every, frame_size=(w, h),
-                     val_fraction=args.val_fraction, tasks=tasks, seed_offsets=offsets,
+                     val_fraction=args.val_fraction, tasks=tasks, seed_offsets=offsets, progress=not args.no_progress,
                      wait_keep_s=args.wait_keep_s, wait_lead_s=args.wait_lead_s)
     print(json.dumps(stats, indent=2))
     return 0

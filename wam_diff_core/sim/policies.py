@@ -84,10 +84,10 @@ class LearnedPolicy:
     needs_images = True
     drives_itself = False
 
-    def __init__(self, path: str, device: str = "cpu", overrides: Optional[dict] = None):
+    def __init__(self, path: str, device: str = "cpu", decoding: Optional[dict] = None):
         from ..policy import DrivingPolicy  # heavy: torch + transformers
 
-        self.inner = DrivingPolicy.load(path, device=device, overrides=overrides)
+        self.inner = DrivingPolicy.load(path, device=device, **(decoding or {}))
         only = self.inner.loaded.settings.route_targets_only_on
         if only is not None:  # the route types it learned targets on: the world states them there alone (run_route)
             self.route_target_scenarios = only
@@ -96,28 +96,28 @@ class LearnedPolicy:
         return self.inner.plan(images, ego, command, target=target)
 
 
-def load_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = None):
+def load_policy(spec: str, device: str = "cpu", decoding: Optional[dict] = None):
     """'expert', 'expert-plan', 'constant-velocity', or a checkpoint path / preset name for DrivingPolicy (decoding
-    as its `wam_diff.json` says, with `overrides` of PolicyConfig fields on top)."""
+    as its `wam_diff.json` says, with `decoding`, DecoderConfig fields, on top: `resolve_decoding`)."""
     if spec == "expert":
         return ExpertPolicy()
     if spec == "expert-plan":
         return ExpertPlanPolicy()
     if spec == "constant-velocity":
         return ConstantVelocityPolicy()
-    return LearnedPolicy(spec, device=device, overrides=overrides)
+    return LearnedPolicy(spec, device=device, decoding=decoding)
 
 
 _CACHED: dict = {}
 
 
-def cached_policy(spec: str, device: str = "cpu", overrides: Optional[dict] = None):
-    """`load_policy` once per process for the same (spec, device, overrides): a pool worker loads its model
+def cached_policy(spec: str, device: str = "cpu", decoding: Optional[dict] = None):
+    """`load_policy` once per process for the same (spec, device, decoding): a pool worker loads its model
     for its first route and keeps it for the rest. Its `name` is the spec."""
-    key = (spec, device, json.dumps(overrides, sort_keys=True))
+    key = (spec, device, json.dumps(decoding or None, sort_keys=True))
     if key not in _CACHED:
         _CACHED.clear()  # one model per worker process
-        policy = load_policy(spec, device=device, overrides=overrides)
+        policy = load_policy(spec, device=device, decoding=decoding)
         policy.name = spec
         _CACHED[key] = policy
     return _CACHED[key]

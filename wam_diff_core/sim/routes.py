@@ -6,7 +6,7 @@ limit and scenario options. The suite lives in wam_diff_core/data/routes_v1.json
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -173,3 +173,17 @@ def parse_seed_offsets(text: str) -> list[int]:
     except ValueError:
         raise SystemExit(f"--seed-offsets {text!r}: expected comma-separated integers, e.g. 0,1000")
 
+
+def with_seed_offsets(routes: list[Route], offsets: list[int]) -> tuple[list[Route], dict[str, str]]:
+    """Each route once per seed offset (offset 0 is the route itself; others get id
+    '<route_id>_s<offset>' and seed + offset: same road and options, other traffic), and
+    route_id -> base route id, so a copy always lands in its base route's split."""
+    if not offsets or any(o < 0 for o in offsets) or len(set(offsets)) != len(offsets):
+        raise ValueError(f"seed offsets {offsets}: expected distinct integers >= 0")
+    out, base = [], {}
+    for o in offsets:
+        for r in routes:
+            c = r if o == 0 else replace(r, route_id=f"{r.route_id}_s{o}", seed=r.seed + o)
+            out.append(c)
+            base[c.route_id] = r.route_id
+    return out, base

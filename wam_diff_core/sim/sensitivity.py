@@ -24,6 +24,9 @@ from typing import Optional
 import numpy as np
 
 from ..constants import FRAME_SIZE
+from ..decoding.options import add_decoding_arguments, decoding_arguments
+from .closed_loop import route_target_scenarios
+from .jobs import add_progress_argument, route_jobs
 from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes
 
 # gap bins (m, centre to centre) to the nearest same-lane vehicle ahead; beyond the last: "clear"
@@ -50,7 +53,6 @@ def lead_gap(vehicles) -> Optional[float]:
 def probe_route(route: Route, policy, *, every: int = DEFAULT_EVERY, max_s: float = DEFAULT_MAX_S,
                 frame_size=FRAME_SIZE) -> dict:
     """Probe one route; returns {"route_id", "probes": [...], "invalid": n, "wall_s"}."""
-    from .closed_loop import route_target_scenarios
     from .highway import ExpertDrive
     from .policies import expert_plan, safe_plan
 
@@ -124,27 +126,27 @@ def plot(summary: dict, title: str, path: Path) -> Optional[Path]:
 
 # ---------------------------------------------------------------- workers
 def _worker(route_dict: dict, policy_spec: str, device: str, every: int, max_s: float, frame_size,
-            overrides: Optional[dict]) -> dict:
+            decoding: Optional[dict]) -> dict:
     from .policies import cached_policy
 
-    return probe_route(Route(**route_dict), cached_policy(policy_spec, device, overrides), every=every, max_s=max_s,
+    return probe_route(Route(**route_dict), cached_policy(policy_spec, device, decoding), every=every, max_s=max_s,
                        frame_size=frame_size)
 
 
 def probe(routes: list[Route], policy_spec: str, out_dir: Path, *, every: int = DEFAULT_EVERY,
           max_s: float = DEFAULT_MAX_S, frame_size=FRAME_SIZE, workers: int = 1, device: str = "cpu",
-          overrides: Optional[dict] = None, progress: bool = True) -> dict:
-    from .closed_loop import route_jobs
-
+          decoding: Optional[dict] = None, progress: bool = True) -> dict:
+    """Probe `policy_spec` (decoding with `decoding`, DecoderConfig fields, on top of its checkpoint's own) on
+    `routes`; writes OUT/sensitivity.json and OUT/sensitivity.png and returns the result."""
     if policy_spec in ("expert", "expert-plan"):
         raise ValueError(f"policy {policy_spec!r}: the probe compares a policy with the expert; give a model")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    args = [(r.to_dict(), policy_spec, device, every, max_s, tuple(frame_size), overrides) for r in routes]
+    args = [(r.to_dict(), policy_spec, device, every, max_s, tuple(frame_size), decoding or None) for r in routes]
     t0 = time.perf_counter()
     done = [res for res in route_jobs(_worker, args, workers, desc=f"sensitivity {policy_spec}" if progress else None)
             if res is not None]
-    result = {"policy": policy_spec, "policy_overrides": overrides or {}, "every": every, "max_s": max_s,
+    result = {"policy": policy_spec, "policy_overrides": decoding or {}, "every": every, "max_s": max_s,
               "frame_size": list(frame_size), "gap_bins_m": [list(b) for b in GAP_BINS],
               "summary": summarize(done), "routes": done, "wall_s": round(time.perf_counter() - t0, 1)}
     (out_dir / "sensitivity.json").write_text(json.dumps(result, indent=2))
@@ -155,8 +157,6 @@ def probe(routes: list[Route], policy_spec: str, out_dir: Path, *, every: int = 
 
 # ---------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .closed_loop import add_decoding_arguments
-
     parser.add_argument("--policy", required=True, help="checkpoint path or preset to probe")
     parser.add_argument("--out", required=True, help="output directory: sensitivity.json, sensitivity.png")
     add_selection_arguments(parser)
@@ -164,12 +164,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_S, help="probe at most this long per route")
     add_frame_size_argument(parser)
     parser.add_argument("--workers", type=int, default=1)
+    add_progress_argument(parser)
     add_decoding_arguments(parser)
 
 
 def run(args) -> int:
-    from .closed_loop import cli_overrides
-
     if not args.ids and not args.scenarios:
         args.scenarios = ",".join(DEFAULT_SCENARIOS)
     routes = select_routes(args)
@@ -179,8 +178,8 @@ def run(args) -> int:
     w, h = resolve_frame_size(args.frame_size, args.policy)
     try:
         res = probe(routes, args.policy, Path(args.out), every=args.every, max_s=args.max_seconds, frame_size=(w, h),
-                    workers=args.workers, device=args.device,
-                    overrides=cli_overrides(args))
+                    workers=args.workers, device=args.device, decoding=decoding_arguments(args),
+                    progress=not args.no_progress)
     except ValueError as exc:
         raise SystemExit(f"wam-diff sensitivity: {exc}")
     s = res["summary"]

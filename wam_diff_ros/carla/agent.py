@@ -87,10 +87,9 @@ class WamDiffAgent(AutonomousAgent):
         self.save_name = save_name or None
         self.track = Track.SENSORS
         if policy is None:
-            from wam_diff_core.policy import DrivingPolicy, PolicyConfig
+            from wam_diff_core.policy import DrivingPolicy
 
-            policy = DrivingPolicy.load(self.config.model, device=self.config.device,
-                                        config=PolicyConfig(**self.config.policy))
+            policy = DrivingPolicy.load(self.config.model, device=self.config.device, **self.config.decoding)
         self.policy = policy
         self.controller = Controller(self.config.controller)
         self.stats = Counter(ticks=0, plans=0, valid_plans=0, invalid_plans=0, late_plans=0, brake_ticks=0)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import yaml
 
 from wam_diff_core.control import ControllerConfig
+from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
 from wam_diff_core.errors import WamDiffError
 
 from .route_planner import RoutePlannerConfig
@@ -59,6 +60,19 @@ def validate_sensors(sensors: Any, source: str = "sensors") -> list[dict]:
     return out
 
 
+def _check_decoding(values: Any, source: str) -> dict:
+    """The 'decoding' mapping: DecoderConfig fields with valid values (null: unset, the checkpoint's own)."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise AgentConfigError(f"{source}: 'decoding' must be a mapping of DecoderConfig fields, got {values!r}")
+    try:
+        resolve_decoding(DecoderConfig(), **values)
+    except (TypeError, ValueError) as exc:
+        raise AgentConfigError(f"{source}: decoding: {exc}") from None
+    return dict(values)
+
+
 def _dataclass_from(cls, values: Any, source: str, name: str):
     if values is None:
         return cls()
@@ -75,7 +89,7 @@ def _dataclass_from(cls, values: Any, source: str, name: str):
 class AgentConfig:
     model: str = "nano"
     device: str = "cpu"
-    policy: dict = field(default_factory=dict)       # PolicyConfig fields
+    decoding: dict = field(default_factory=dict)     # DecoderConfig fields on the checkpoint's own (resolve_decoding)
     sim_hz: float = 20.0
     plan_hz: float = 2.0
     late_plan_s: Optional[float] = None               # wall seconds; slower plans are dropped (brake)
@@ -118,8 +132,7 @@ class AgentConfig:
             if not (isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size)):
                 raise AgentConfigError(f"{source}: image_size must be [width, height] positive integers, got {size!r}")
             d["image_size"] = (int(size[0]), int(size[1]))
-        if not isinstance(d.get("policy", {}), dict):
-            raise AgentConfigError(f"{source}: 'policy' must be a mapping of PolicyConfig fields, got {d['policy']!r}")
+        d["decoding"] = _check_decoding(d.get("decoding"), source)
         cfg = cls(**d, source=source)
         cfg._check()
         return cfg
