@@ -16,7 +16,7 @@ EGO_ACCEL_LIMITS_MPS2 = (-8.0, 5.0)
 # Kinematic envelope of a decoded plan (decoding/envelope.py): each axis' acceleration implied by the waypoints'
 # second differences, ego frame. Forward: the actuation limits widened by ENVELOPE_MARGIN_MPS2 (2-decimal rounding,
 # the forward part of centripetal acceleration in turns); lateral: +-ENVELOPE_LATERAL_MPS2. The expert's plans lie
-# inside: over the 7,071 plans of `wam-diff data` (v19) forward -6.8 .. +3.3 m/s^2 but for one sample at -13.3,
+# inside: over the 7,071 plans of one `wam-diff data` set forward -6.8 .. +3.3 m/s^2 but for one sample at -13.3,
 # lateral within +-4.8 m/s^2.
 ENVELOPE_MARGIN_MPS2 = 1.0
 ENVELOPE_ACCEL_X_MPS2 = (EGO_ACCEL_LIMITS_MPS2[0] - ENVELOPE_MARGIN_MPS2, EGO_ACCEL_LIMITS_MPS2[1] + ENVELOPE_MARGIN_MPS2)
@@ -27,8 +27,8 @@ ENVELOPE_LATERAL_MPS2 = 6.0
 # size its planning data was rendered at (`wam_diff.json` frame_size); the closed-loop tools take that one for it.
 FRAME_SIZE = (256, 128)
 # 10 Hz ticks between plans in the embedded world's closed loops (the controller tracks the last plan in between):
-# the protocol every report since v4 drove, and the default of `wam-diff drive`, `dagger` and the ROS bridge.
-# Planning every tick drove the shipped model worse (DS 62.2 against 66.7 at 4, more collisions: plans flip).
+# the protocol every report drove, and the default of `wam-diff drive`, `dagger` and the ROS bridge.
+# Planning every tick drove the previously shipped model worse (DS 62.2 against 66.7 at 4, more collisions: plans flip).
 REPLAN_EVERY = 4
 
 # Below this speed (m/s) the ego counts as stopped: a closed loop's "agent blocked" clock runs, and the driving data
