@@ -28,7 +28,8 @@ ENVELOPE_LATERAL_MPS2 = 6.0
 FRAME_SIZE = (256, 128)
 # 10 Hz ticks between plans in the embedded world's closed loops (the controller tracks the last plan in between):
 # the protocol every report drove, and the default of `wam-diff drive`, `dagger` and the ROS bridge.
-# Planning every tick drove the previously shipped model worse (DS 62.2 against 66.7 at 4, more collisions: plans flip).
+# Planning every tick drove the previously shipped model worse (DS 62.2 against 66.7 at 4, more collisions: plans
+# flip).
 REPLAN_EVERY = 4
 
 # Below this speed (m/s) the ego counts as stopped: a closed loop's "agent blocked" clock runs, and the driving data
