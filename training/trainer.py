@@ -37,7 +37,7 @@ from wam_diff_core.model.checkpoint import LoadedModel, build_preset, load
 from .collate import TrainBatch, collate
 from .compiled import compiled_layers
 from .config import Config, ConfigError
-from .data import DataError, DrivingDataset, MixSampler, build_datasets, spaced_examples
+from .data import DataError, DrivingDataset, MixedDataset, MixSampler, build_datasets, spaced_examples
 from .distributed import (DistContext, all_reduce_mean, any_flag, barrier, full_model_state, full_optim_state, is_sharded,
                           load_full_optim_state, wrap)
 from .evaluate import decoder_config, evaluate, prompt_batch, write_eval
@@ -210,6 +210,343 @@ def _on_policy_batch(model, loaded: LoadedModel, batch: TrainBatch, block_size: 
     return collate(new, pad_id, with_noisy).to(device)
 
 
+@dataclass
+class TrainingData:
+    """The training mixture and what its scan found: skipped samples, planning frame sizes, route-target use."""
+
+    dataset: MixedDataset
+    skipped_scan: dict[str, int]
+    frame_size: Optional[tuple[int, int]]  # the one size of every planning frame, None when several or none
+    frame_sizes: dict[str, int]  # "WxH" -> planning frames of that size
+    route_targets: int  # planning samples whose prompt states a route target point
+
+
+@dataclass
+class Trainee:
+    """What the optimizer steps touch: the student (`loaded`, wrapped as `module` for the training forward), its
+    teacher, the occupancy head, the optimizer and its LR schedule."""
+
+    loaded: LoadedModel
+    module: torch.nn.Module
+    teacher: Optional[torch.nn.Module]
+    teacher_block_size: Optional[int]
+    head: Optional[OccupancyHead]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sharded: bool
+    params: list = dataclasses.field(init=False)  # what the gradient clip sees
+
+    def __post_init__(self) -> None:
+        self.params = [p for p in self.model.parameters() if p.requires_grad] + \
+            (list(self.head.parameters()) if self.head is not None else [])
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.model
+
+
+class MicroBatches:
+    """Micro-batches on the device, counting the samples the collate step skipped. A micro-batch of bad samples
+    alone stands in as the last good one with weight 0, so every process's forward/backward stays in step."""
+
+    def __init__(self, batches: Iterator[Optional[TrainBatch]], device, on_bad_sample: str):
+        self.batches, self.device, self.on_bad_sample = batches, device, on_bad_sample
+        self.skipped = 0
+        self.last_good: Optional[TrainBatch] = None
+
+    def next(self) -> tuple[TrainBatch, float]:
+        """The next micro-batch and its loss weight (1, or 0 for a stand-in)."""
+        batch = next(self.batches)
+        if batch is not None:
+            self.skipped += len(batch.skipped)
+            if self.on_bad_sample == "error" and batch.skipped:
+                bad = batch.skipped[0]
+                raise DataError(f"sample {bad.sample_id!r}: {bad.reason}")
+        if batch is None or batch.input_ids is None:
+            if self.last_good is None:
+                raise DataError("a whole micro-batch of bad samples before any good one; check the dataset")
+            return self.last_good, 0.0
+        self.last_good = batch.to(self.device)
+        return self.last_good, 1.0
+
+
+def _prepare_stage_dir(stage: Stage, stage_dir: Path, ctx: DistContext, resume: bool, overwrite: bool) -> bool:
+    """Whether the stage resumes from its resume point; an unfinished stage directory without one is cleared
+    (with --resume or --overwrite) or refused."""
+    resuming = resume and (stage_dir / RESUME_DIR / STATE_FILE).is_file()
+    if not resuming and stage_dir.exists() and any(stage_dir.iterdir()):
+        if resume and ctx.is_main:
+            print(f"[{stage.name}] no resume point in {stage_dir}; starting the stage over")
+        if not (overwrite or resume):
+            raise StageExists(f"{stage_dir} is not empty; pass --resume to continue it or --overwrite to start over")
+        if ctx.is_main:
+            shutil.rmtree(stage_dir)
+    return resuming
+
+
+def _check_compatible(cfg: Config, stage: Stage, sharded: bool) -> None:
+    """Refuse option pairs that cannot run together, before any model is loaded."""
+    on_policy = cfg.distill.on_policy_every > 0 and stage.teacher is not None
+    if sharded and on_policy:
+        raise ConfigError("distill.on_policy_every needs whole weights on each process; use train.parallel=ddp")
+    if cfg.train.compile and on_policy:
+        raise ConfigError("train.compile compiles the layers for the training forward; distill.on_policy_every "
+                          "decodes with them inside the steps: set one of them off")
+
+
+def _load_student(cfg: Config, stage: Stage, init: str, device) -> LoadedModel:
+    """The student from `init` (the stage's initial checkpoint or its resume point) in training mode, its settings
+    with the trajectory style it trains on."""
+    tc = cfg.train
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    torch.manual_seed(tc.seed)
+    loaded = _load_init(init, tc.seed, device)
+    if loaded.processor is None:
+        raise ConfigError(f"{stage.init}: a preset without a tokenizer cannot be trained; use nano or a checkpoint")
+    style = cfg.data.trajectory_format or loaded.settings.trajectory_format
+    loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, trajectory_format=style))
+    use_backend(loaded.model, tc.backend)
+    loaded.model.train()
+    return loaded
+
+
+def _load_teacher(stage: Stage, student: LoadedModel, backend: str,
+                  device) -> tuple[Optional[torch.nn.Module], Optional[int]]:
+    """The frozen teacher (None without one) and the block size it reads at (default: its trained one, recorded on
+    `stage`). It must share the student's mask token and trajectory style."""
+    teacher_B = stage.teacher_block_size
+    if stage.teacher is None:
+        return None, teacher_B
+    t_loaded = load(stage.teacher, device=device)
+    teacher = t_loaded.model.eval()
+    teacher.requires_grad_(False)
+    use_backend(teacher, backend)
+    teacher_B = teacher_B or t_loaded.settings.trained_block_size
+    stage.teacher_block_size = teacher_B  # recorded in run_config.json as used
+    mask_id, style = student.settings.mask_token_id, student.settings.trajectory_format
+    if t_loaded.settings.mask_token_id != mask_id:
+        raise ConfigError(f"teacher mask token id {t_loaded.settings.mask_token_id} differs from the student's {mask_id}")
+    if t_loaded.settings.trajectory_format != style:
+        raise ConfigError(f"teacher {stage.teacher} answers planning in the {t_loaded.settings.trajectory_format!r} "
+                          f"trajectory style, the student trains on {style!r}")
+    return teacher, teacher_B
+
+
+def _occupancy_head(cfg: Config, model: torch.nn.Module, sharded: bool, device) -> Optional[OccupancyHead]:
+    """The perception head on the vision features (None when perception.occupancy_weight is 0)."""
+    pc = cfg.perception
+    if pc.occupancy_weight <= 0:
+        return None
+    if sharded:
+        raise ConfigError("perception.occupancy_weight needs train.parallel=ddp (the head is not sharded)")
+    return OccupancyHead(int(model.config.vision_config.out_hidden_size), pc.occupancy_cells).to(device)
+
+
+def _training_data(cfg: Config, loaded: LoadedModel, occupancy: bool) -> TrainingData:
+    dc = cfg.data
+    dataset = build_datasets(dc.train, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, dc.on_bad_sample,
+                             trajectory_format=loaded.settings.trajectory_format,
+                             occupancy_cells=cfg.perception.occupancy_cells if occupancy else None,
+                             route_targets=dc.route_targets)
+    return TrainingData(dataset, dataset.skipped(), dataset.planning_frame_size(), dataset.planning_frame_sizes(),
+                        dataset.planning_route_targets())
+
+
+def _with_data_settings(loaded: LoadedModel, data: TrainingData, route_targets_cfg) -> LoadedModel:
+    """The student's settings with what its training data decides: the planning frame size (recorded in the
+    checkpoint for closed-loop tools) and whether (and on which route types) its prompts state a route target."""
+    settings = loaded.settings
+    if data.frame_size is not None:
+        settings = dataclasses.replace(settings, frame_size=data.frame_size)
+    elif data.frame_sizes:
+        print(f"note: planning frames of several sizes {data.frame_sizes}; the checkpoint keeps "
+              f"frame_size {settings.frame_size}", flush=True)
+    if data.route_targets or not route_targets_cfg:  # prompts that state a route target point: its policies give it
+        # one; data.route_targets false: trained without, asked without (even if the initial checkpoint had them)
+        only = None if isinstance(route_targets_cfg, bool) or not data.route_targets else tuple(route_targets_cfg)
+        settings = dataclasses.replace(settings, route_target=bool(data.route_targets), route_target_scenarios=only)
+    return dataclasses.replace(loaded, settings=settings)
+
+
+def _optimizer(cfg: Config, model: torch.nn.Module, head: Optional[OccupancyHead]) -> torch.optim.AdamW:
+    oc = cfg.optim
+    groups = param_groups(model, oc.lr, oc.vision_lr, oc.weight_decay)
+    if head is not None:
+        groups.append({"params": list(head.parameters()), "lr": oc.lr, "weight_decay": 0.0, "name": "occupancy"})
+    return torch.optim.AdamW(groups, lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps)
+
+
+def _restore(resume_dir: Path, t: Trainee) -> int:
+    """Optimizer, scheduler, RNG and head states from the resume point (the weights came with the student);
+    returns the step it was written at."""
+    state = load_resume(resume_dir)
+    if t.head is not None:
+        if "occupancy_head" not in state["extra"]:
+            raise ConfigError(f"{resume_dir}: the resume point has no occupancy head; it was written without "
+                              "perception.occupancy_weight (start the stage over with --overwrite)")
+        t.head.load_state_dict(state["extra"]["occupancy_head"])
+    if t.sharded:
+        load_full_optim_state(t.module, t.optimizer, state["optimizer"])
+    else:
+        t.optimizer.load_state_dict(state["optimizer"])
+    t.scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def _write_run_config(stage_dir: Path, cfg: Config, stage: Stage, ctx: DistContext, steps_total: int) -> dict:
+    """run_config.json: the resolved config and the digests of the stage's inputs (returned)."""
+    dc = cfg.data
+    inputs = stage_inputs([d["path"] if isinstance(d, dict) else d for d in dc.train], dc.val, stage.init, stage.teacher)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    (stage_dir / "run_config.json").write_text(json.dumps({"stage": stage.__dict__, "config": cfg.to_dict(),
+                                                        "world": ctx.world, "steps": steps_total,
+                                                        "inputs": inputs}, indent=2))
+    return inputs
+
+
+def _micro_loss(cfg: Config, stage: Stage, t: Trainee, batch: TrainBatch, gen: torch.Generator, on_policy: bool):
+    """The diffusion loss, or the distillation loss against the teacher, of one micro-batch."""
+    mask_id, noise, dist, pc = t.loaded.settings.mask_token_id, cfg.noise, cfg.distill, cfg.perception
+    if t.teacher is None:
+        return diffusion_loss(t.module, t.model, batch, stage.block_size, mask_id, gen, noise.t_min, noise.t_max,
+                              occupancy_weight=pc.occupancy_weight, chain_share=noise.chain_share)
+    return distill_loss(t.module, t.model, t.teacher, batch, stage.block_size, t.teacher_block_size, mask_id, gen,
+                        noise.t_min, noise.t_max, 1.0 if on_policy else dist.ratio, dist.divergence, dist.beta,
+                        dist.temperature, dist.chunk_size, occupancy_weight=pc.occupancy_weight,
+                        chain_share=noise.chain_share, teacher_clean_only=dist.ar_teacher_clean_only)
+
+
+def _accumulate_grads(cfg: Config, stage: Stage, ctx: DistContext, t: Trainee, batches: MicroBatches, step: int,
+                      on_policy: bool, autocast) -> dict[str, float]:
+    """One optimizer step's micro-batches: forward and backward (loss / grad_accum); their mean stats."""
+    tc, dc = cfg.train, cfg.data
+    stats: dict[str, float] = {}
+    for micro in range(tc.grad_accum):
+        batch, scale = batches.next()
+        if on_policy:
+            batch = _on_policy_batch(t.model, t.loaded, batch, stage.block_size, cfg.distill.on_policy_steps,
+                                     dc.max_response_tokens - 1, tc.backend, stage.with_noisy, t.loaded.pad_token_id)
+        gen = torch.Generator(device=ctx.device).manual_seed(noise_seed(tc.seed, step, micro, ctx.rank))
+        sync = t.module.no_sync() if ctx.enabled and micro < tc.grad_accum - 1 else contextlib.nullcontext()
+        with sync, autocast:
+            out = _micro_loss(cfg, stage, t, batch, gen, on_policy)
+            (out.loss * (scale / tc.grad_accum)).backward()
+        for k, v in {"loss": out.loss.detach(), **out.stats}.items():
+            stats[k] = stats.get(k, 0.0) + float(v) / tc.grad_accum
+    return stats
+
+
+def _optimizer_step(t: Trainee, grad_clip: float) -> torch.Tensor:
+    """Clip (0: no clip, the norm still measured), step the optimizer and the schedule; the gradient norm."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(t.params, grad_clip if grad_clip > 0 else float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+        grad_norm = grad_norm.full_tensor()
+    t.optimizer.step()
+    t.scheduler.step()
+    t.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def _metrics_row(step: int, epoch: float, t: Trainee, grad_norm, loss_mean: float, sec_per_step: float,
+                 skipped_scan: int, skipped_runtime: int, on_policy: bool, stats: dict) -> dict:
+    """One metrics.jsonl line."""
+    return {"step": step, "epoch": epoch,
+            **{f"lr_{g['name']}": g["lr"] for g in t.optimizer.param_groups if g["name"] in ("text", "vision")},
+            "grad_norm": float(grad_norm), "loss_mean_ranks": loss_mean, "sec_per_step": sec_per_step,
+            "skipped_scan": skipped_scan, "skipped_runtime": skipped_runtime, "on_policy": on_policy, **stats}
+
+
+def _save_resume_point(t: Trainee, stage: Stage, ctx: DistContext, resume_dir: Path, step: int) -> None:
+    model_state = full_model_state(t.module) if t.sharded else None  # collectives: every rank
+    optim_state = full_optim_state(t.module, t.optimizer) if t.sharded else None
+    if ctx.is_main:
+        save_resume(resume_dir, t.loaded, t.model, stage.block_size,
+                    optim_state if t.sharded else t.optimizer.state_dict(), t.scheduler, step,
+                    {"stage": stage.name, **({"occupancy_head": t.head.state_dict()} if t.head is not None else {})},
+                    model_state)
+    barrier(ctx)
+
+
+def _train_steps(cfg: Config, stage: Stage, ctx: DistContext, t: Trainee, batches: MicroBatches, start_step: int,
+                 steps_total: int, batches_per_epoch: int, skipped_scan: int, log: Optional[MetricsLog]) -> int:
+    """Optimizer steps from `start_step` to the stage's end, or fewer (train.stop_after, SIGTERM) with a resume point
+    under `resume/` every train.save_every steps and at the stop; returns the step reached."""
+    tc, dist_cfg = cfg.train, cfg.distill
+    autocast = step_autocast(ctx.device, tc.bf16, tc.cpu_bf16)
+    stop_at = steps_total if tc.stop_after is None else min(steps_total, start_step + tc.stop_after)
+    bar = tqdm(total=steps_total, initial=start_step, desc=stage.name, disable=not (ctx.is_main and tc.progress),
+               dynamic_ncols=True)
+    step = start_step
+    t_last, last_log_step = time.perf_counter(), start_step
+    with StopRequest() as stop, compiled_layers(t.model, t.teacher, enabled=tc.compile):
+        while step < stop_at:
+            on_policy = t.teacher is not None and dist_cfg.on_policy_every > 0 and step % dist_cfg.on_policy_every == 0
+            stats = _accumulate_grads(cfg, stage, ctx, t, batches, step, on_policy, autocast)
+            grad_norm = _optimizer_step(t, cfg.optim.grad_clip)
+            step += 1
+            bar.update(1)
+            if step % tc.log_every == 0 or step == stop_at:
+                now = time.perf_counter()
+                loss_mean = float(all_reduce_mean(torch.tensor(stats["loss"]), ctx))
+                row = _metrics_row(step, (step * tc.grad_accum) / max(1, batches_per_epoch), t, grad_norm, loss_mean,
+                                   (now - t_last) / (step - last_log_step), skipped_scan, batches.skipped, on_policy,
+                                   stats)
+                t_last, last_log_step = now, step
+                if log is not None:
+                    log.write(row)
+                    bar.set_postfix(loss=f"{stats['loss']:.4f}")
+            if any_flag(stop.requested, ctx) and step < stop_at:
+                stop_at = step  # preempted: save below and leave
+                if ctx.is_main:
+                    print(f"[{stage.name}] SIGTERM: stopping after step {step}")
+            if (step % tc.save_every == 0 or step == stop_at) and step < steps_total:
+                _save_resume_point(t, stage, ctx, Path(cfg.out) / stage.name / RESUME_DIR, step)
+    bar.close()
+    return step
+
+
+def _validate(cfg: Config, stage: Stage, t: Trainee, final_dir: Path, device) -> dict:
+    """eval.json's metrics: the final model decoding evenly spaced samples of data.val."""
+    dc, ec, tc = cfg.data, cfg.eval, cfg.train
+    loaded = t.loaded
+    val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip",
+                         trajectory_format=loaded.settings.trajectory_format,
+                         route_targets=loaded.settings.prompt_route_targets)
+    eval_model = load(final_dir, device=device).model if t.sharded else t.model
+    use_backend(eval_model, tc.backend)
+    metrics = evaluate(eval_model, loaded.processor, loaded.settings, spaced_examples(val, ec.max_samples),
+                       stage.block_size, ec.steps, ec.strategy, ec.threshold, ec.max_new_tokens, ec.batch_size,
+                       tc.backend)
+    metrics["skipped_val"] = val.stats.skipped
+    return metrics
+
+
+def _finish_stage(cfg: Config, stage: Stage, ctx: DistContext, t: Trainee, summary: dict) -> Path:
+    """The final checkpoint, parameter digests, eval.json and summary.json (`summary` plus the digest and the
+    validation metrics); the resume point goes."""
+    stage_dir = Path(cfg.out) / stage.name
+    final_dir = stage_dir / FINAL_DIR
+    full_state = full_model_state(t.module) if t.sharded else None  # a collective
+    digest = None
+    if not t.sharded or ctx.is_main:
+        digest = param_digest(full_state if t.sharded else t.model.state_dict())
+        (stage_dir / f"param_digest.rank{ctx.rank}.txt").write_text(digest + "\n")
+    if ctx.is_main:
+        save_model_as(t.loaded, t.model, stage.block_size, final_dir, full_state)
+        if t.head is not None:  # training only, not part of the model; kept for probes
+            torch.save(t.head.state_dict(), stage_dir / OCCUPANCY_HEAD_FILE)
+        shutil.rmtree(stage_dir / RESUME_DIR, ignore_errors=True)
+        summary = {**summary, "param_digest": digest}
+        if cfg.eval.enabled and cfg.data.val:
+            summary["eval"] = _validate(cfg, stage, t, final_dir, ctx.device)
+            write_eval(stage_dir / "eval.json", summary["eval"])
+        (stage_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    barrier(ctx)
+    return final_dir
+
+
 def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False, overwrite: bool = False) -> Optional[Path]:
     """Train one stage. Returns the final checkpoint directory, or None when stopped early (`stop_after`)."""
     tc = cfg.train
@@ -221,238 +558,46 @@ def run_stage(cfg: Config, stage: Stage, ctx: DistContext, resume: bool = False,
                 print(f"[{stage.name}] done already: {final_dir}")
             return final_dir
         raise StageExists(f"{stage_dir} holds a finished stage; pass --resume to reuse it or --overwrite to retrain")
-    resuming = resume and (resume_dir / STATE_FILE).is_file()
-    if not resuming and stage_dir.exists() and any(stage_dir.iterdir()):
-        if resume and ctx.is_main:
-            print(f"[{stage.name}] no resume point in {stage_dir}; starting the stage over")
-        if not (overwrite or resume):
-            raise StageExists(f"{stage_dir} is not empty; pass --resume to continue it or --overwrite to start over")
-        if ctx.is_main:
-            shutil.rmtree(stage_dir)
+    resuming = _prepare_stage_dir(stage, stage_dir, ctx, resume, overwrite)
     barrier(ctx)
     sharded = is_sharded(tc.parallel, ctx)
-    if sharded and cfg.distill.on_policy_every > 0 and stage.teacher is not None:
-        raise ConfigError("distill.on_policy_every needs whole weights on each process; use train.parallel=ddp")
-    if tc.compile and cfg.distill.on_policy_every > 0 and stage.teacher is not None:
-        raise ConfigError("train.compile compiles the layers for the training forward; distill.on_policy_every "
-                          "decodes with them inside the steps: set one of them off")
+    _check_compatible(cfg, stage, sharded)
 
     device = ctx.device
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    torch.manual_seed(tc.seed)
-    loaded = _load_init(str(resume_dir / MODEL_DIR) if resuming else stage.init, tc.seed, device)
-    if loaded.processor is None:
-        raise ConfigError(f"{stage.init}: a preset without a tokenizer cannot be trained; use nano or a checkpoint")
-    dc = cfg.data
-    style = dc.trajectory_format or loaded.settings.trajectory_format
-    loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, trajectory_format=style))
-    model = loaded.model
-    use_backend(model, tc.backend)
-    model.train()
-    mask_id = loaded.settings.mask_token_id
-    pad_id = loaded.pad_token_id
-
-    teacher = None
-    teacher_B = stage.teacher_block_size
-    if stage.teacher is not None:
-        t_loaded = load(stage.teacher, device=device)
-        teacher = t_loaded.model.eval()
-        teacher.requires_grad_(False)
-        use_backend(teacher, tc.backend)
-        teacher_B = teacher_B or t_loaded.settings.trained_block_size
-        stage.teacher_block_size = teacher_B  # recorded in run_config.json as used
-        if t_loaded.settings.mask_token_id != mask_id:
-            raise ConfigError(f"teacher mask token id {t_loaded.settings.mask_token_id} differs from the student's {mask_id}")
-        if t_loaded.settings.trajectory_format != style:
-            raise ConfigError(f"teacher {stage.teacher} answers planning in the {t_loaded.settings.trajectory_format!r} "
-                              f"trajectory style, the student trains on {style!r}")
-
-    prepare_models(device, tc.cpu_bf16, model, teacher)
-    pc = cfg.perception
-    head = None
-    if pc.occupancy_weight > 0:
-        if sharded:
-            raise ConfigError("perception.occupancy_weight needs train.parallel=ddp (the head is not sharded)")
-        head = OccupancyHead(int(model.config.vision_config.out_hidden_size), pc.occupancy_cells).to(device)
-    dataset = build_datasets(dc.train, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, dc.on_bad_sample,
-                             trajectory_format=style, occupancy_cells=pc.occupancy_cells if head is not None else None,
-                             route_targets=dc.route_targets)
-    scan_skipped = dataset.skipped()
-    frame_size, frame_sizes = dataset.planning_frame_size(), dataset.planning_frame_sizes()
-    if frame_size is not None:  # recorded in the checkpoint for closed-loop tools
-        loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, frame_size=frame_size))
-    elif frame_sizes:
-        print(f"note: planning frames of several sizes {frame_sizes}; the checkpoint keeps "
-              f"frame_size {loaded.settings.frame_size}", flush=True)
-    route_targets = dataset.planning_route_targets()
-    if route_targets or not dc.route_targets:  # prompts that state a route target point: its policies give it one;
-        # data.route_targets false: trained without, asked without (even if the initial checkpoint had them)
-        only = None if isinstance(dc.route_targets, bool) or not route_targets else tuple(dc.route_targets)
-        loaded = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, route_target=bool(route_targets),
-                                                                          route_target_scenarios=only))
-    sampler = MixSampler(dataset.sizes, dataset.weights, tc.batch_size, tc.seed, dc.epoch_size, ctx.rank, ctx.world)
+    loaded = _load_student(cfg, stage, str(resume_dir / MODEL_DIR) if resuming else stage.init, device)
+    teacher, teacher_B = _load_teacher(stage, loaded, tc.backend, device)
+    prepare_models(device, tc.cpu_bf16, loaded.model, teacher)
+    head = _occupancy_head(cfg, loaded.model, sharded, device)
+    data = _training_data(cfg, loaded, head is not None)
+    loaded = _with_data_settings(loaded, data, cfg.data.route_targets)
+    sampler = MixSampler(data.dataset.sizes, data.dataset.weights, tc.batch_size, tc.seed, cfg.data.epoch_size,
+                         ctx.rank, ctx.world)
     steps_total = tc.max_steps or max(1, math.ceil(tc.epochs * sampler.batches_per_epoch / tc.grad_accum))
-    warmup = cfg.optim.warmup_steps if cfg.optim.warmup_steps is not None else math.ceil(cfg.optim.warmup_ratio * steps_total)
-
     oc = cfg.optim
-    module = wrap(SelectedLogits(model, head), ctx, tc.parallel)  # before the optimizer: FSDP2 swaps in sharded parameters
-    groups = param_groups(model, oc.lr, oc.vision_lr, oc.weight_decay)
-    if head is not None:
-        groups.append({"params": list(head.parameters()), "lr": oc.lr, "weight_decay": 0.0, "name": "occupancy"})
-    optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps_total, warmup, oc.min_lr_ratio))
-    start_step = 0
-    if resuming:
-        state = load_resume(resume_dir)
-        if head is not None:
-            if "occupancy_head" not in state["extra"]:
-                raise ConfigError(f"{resume_dir}: the resume point has no occupancy head; it was written without "
-                                  "perception.occupancy_weight (start the stage over with --overwrite)")
-            head.load_state_dict(state["extra"]["occupancy_head"])
-        if sharded:
-            load_full_optim_state(module, optimizer, state["optimizer"])
-        else:
-            optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        start_step = int(state["step"])
+    warmup = oc.warmup_steps if oc.warmup_steps is not None else math.ceil(oc.warmup_ratio * steps_total)
 
-    params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head is not None else [])
-    inputs = None
-    if ctx.is_main:
-        inputs = stage_inputs([d["path"] if isinstance(d, dict) else d for d in dc.train], dc.val, stage.init, stage.teacher)
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        (stage_dir / "run_config.json").write_text(json.dumps({"stage": stage.__dict__, "config": cfg.to_dict(),
-                                                            "world": ctx.world, "steps": steps_total,
-                                                            "inputs": inputs}, indent=2))
+    # wrapped before the optimizer is built: FSDP2 swaps in sharded parameters
+    module = wrap(SelectedLogits(loaded.model, head), ctx, tc.parallel)
+    optimizer = _optimizer(cfg, loaded.model, head)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps_total, warmup, oc.min_lr_ratio))
+    t = Trainee(loaded, module, teacher, teacher_B, head, optimizer, scheduler, sharded)
+    start_step = _restore(resume_dir, t) if resuming else 0
+    inputs = _write_run_config(stage_dir, cfg, stage, ctx, steps_total) if ctx.is_main else None
     log = MetricsLog(stage_dir / "metrics.jsonl", start_step, tc.tensorboard) if ctx.is_main else None
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=_IndexStream(sampler, start_step * tc.grad_accum),
-        collate_fn=_collate_fn(pad_id, stage.with_noisy), num_workers=dc.num_workers,
+        data.dataset, batch_sampler=_IndexStream(sampler, start_step * tc.grad_accum),
+        collate_fn=_collate_fn(loaded.pad_token_id, stage.with_noisy), num_workers=cfg.data.num_workers,
     )
-    batches = iter(loader)
-    autocast = step_autocast(device, tc.bf16, tc.cpu_bf16)
-    dist_cfg = cfg.distill
-    skipped_runtime = 0
-    last_good: Optional[TrainBatch] = None
-    stop_at = steps_total if tc.stop_after is None else min(steps_total, start_step + tc.stop_after)
-    bar = tqdm(total=steps_total, initial=start_step, desc=stage.name, disable=not (ctx.is_main and tc.progress),
-               dynamic_ncols=True)
-    step = start_step
-    t_last, last_log_step = time.perf_counter(), start_step
-    stop = StopRequest().__enter__()
-    compiled = compiled_layers(model, teacher, enabled=tc.compile)
-    compiled.__enter__()
-    try:
-        while step < stop_at:
-            stats_acc: dict[str, float] = {}
-            on_policy = teacher is not None and dist_cfg.on_policy_every > 0 and step % dist_cfg.on_policy_every == 0
-            for micro in range(tc.grad_accum):
-                batch = next(batches)
-                scale = 1.0
-                if batch is not None:
-                    skipped_runtime += len(batch.skipped)
-                    if dc.on_bad_sample == "error" and batch.skipped:
-                        bad = batch.skipped[0]
-                        raise DataError(f"sample {bad.sample_id!r}: {bad.reason}")
-                if batch is None or batch.input_ids is None:
-                    if last_good is None:
-                        raise DataError("a whole micro-batch of bad samples before any good one; check the dataset")
-                    batch, scale = last_good, 0.0  # keep every process's forward/backward in step
-                else:
-                    batch = batch.to(device)
-                    last_good = batch
-                if on_policy:
-                    batch = _on_policy_batch(model, loaded, batch, stage.block_size, dist_cfg.on_policy_steps,
-                                             dc.max_response_tokens - 1, tc.backend, stage.with_noisy, pad_id)
-                gen = torch.Generator(device=device).manual_seed(noise_seed(tc.seed, step, micro, ctx.rank))
-                sync = module.no_sync() if ctx.enabled and micro < tc.grad_accum - 1 else contextlib.nullcontext()
-                with sync, autocast:
-                    if teacher is None:
-                        out = diffusion_loss(module, model, batch, stage.block_size, mask_id, gen, cfg.noise.t_min,
-                                             cfg.noise.t_max, occupancy_weight=pc.occupancy_weight,
-                                             chain_share=cfg.noise.chain_share)
-                    else:
-                        out = distill_loss(module, model, teacher, batch, stage.block_size, teacher_B, mask_id, gen,
-                                           cfg.noise.t_min, cfg.noise.t_max, 1.0 if on_policy else dist_cfg.ratio,
-                                           dist_cfg.divergence, dist_cfg.beta, dist_cfg.temperature, dist_cfg.chunk_size,
-                                           occupancy_weight=pc.occupancy_weight, chain_share=cfg.noise.chain_share,
-                                           teacher_clean_only=dist_cfg.ar_teacher_clean_only)
-                    (out.loss * (scale / tc.grad_accum)).backward()
-                for k, v in {"loss": out.loss.detach(), **out.stats}.items():
-                    stats_acc[k] = stats_acc.get(k, 0.0) + float(v) / tc.grad_accum
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, oc.grad_clip if oc.grad_clip > 0 else float("inf"))
-            if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
-                grad_norm = grad_norm.full_tensor()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            bar.update(1)
-            if step % tc.log_every == 0 or step == stop_at:
-                now = time.perf_counter()
-                loss_mean = float(all_reduce_mean(torch.tensor(stats_acc["loss"]), ctx))
-                row = {"step": step, "epoch": (step * tc.grad_accum) / max(1, sampler.batches_per_epoch),
-                       **{f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups if g["name"] in ("text", "vision")},
-                       "grad_norm": float(grad_norm), "loss_mean_ranks": loss_mean,
-                       "sec_per_step": (now - t_last) / (step - last_log_step),
-                       "skipped_scan": sum(scan_skipped.values()), "skipped_runtime": skipped_runtime,
-                       "on_policy": on_policy, **stats_acc}
-                t_last, last_log_step = now, step
-                if log is not None:
-                    log.write(row)
-                    bar.set_postfix(loss=f"{stats_acc['loss']:.4f}")
-            if any_flag(stop.requested, ctx) and step < stop_at:
-                stop_at = step  # preempted: save below and leave
-                if ctx.is_main:
-                    print(f"[{stage.name}] SIGTERM: stopping after step {step}")
-            if (step % tc.save_every == 0 or step == stop_at) and step < steps_total:
-                model_state = full_model_state(module) if sharded else None  # collectives: every rank
-                optim_state = full_optim_state(module, optimizer) if sharded else None
-                if ctx.is_main:
-                    save_resume(resume_dir, loaded, model, stage.block_size,
-                                optim_state if sharded else optimizer.state_dict(), scheduler, step,
-                                {"stage": stage.name, **({"occupancy_head": head.state_dict()} if head is not None else {})},
-                                model_state)
-                barrier(ctx)
-    finally:
-        compiled.__exit__(None, None, None)
-        stop.__exit__()
-    bar.close()
+    batches = MicroBatches(iter(loader), device, cfg.data.on_bad_sample)
+    step = _train_steps(cfg, stage, ctx, t, batches, start_step, steps_total, sampler.batches_per_epoch,
+                        sum(data.skipped_scan.values()), log)
     if log is not None:
         log.close()
     if step < steps_total:
         if ctx.is_main:
             print(f"[{stage.name}] stopped after step {step}/{steps_total}; continue with --resume")
         return None
-
-    full_state = full_model_state(module) if sharded else None  # a collective
-    digest = None
-    if not sharded or ctx.is_main:
-        digest = param_digest(full_state if sharded else model.state_dict())
-        (stage_dir / f"param_digest.rank{ctx.rank}.txt").write_text(digest + "\n")
-    if ctx.is_main:
-        save_model_as(loaded, model, stage.block_size, final_dir, full_state)
-        if head is not None:  # training only, not part of the model; kept for probes
-            torch.save(head.state_dict(), stage_dir / OCCUPANCY_HEAD_FILE)
-        shutil.rmtree(resume_dir, ignore_errors=True)
-        summary = {"stage": stage.name, "block_size": stage.block_size, "steps": steps_total,
-                   "skipped_scan": scan_skipped, "skipped_runtime": skipped_runtime,
-                   "planning_frame_sizes": frame_sizes, "planning_route_targets": route_targets,
-                   "inputs": inputs, "param_digest": digest}
-        if cfg.eval.enabled and dc.val:
-            ec = cfg.eval
-            val = DrivingDataset(dc.val, loaded.processor, dc.max_prompt_tokens, dc.max_response_tokens, "skip",
-                                 trajectory_format=style, route_targets=loaded.settings.prompt_route_targets)
-            eval_model = load(final_dir, device=device).model if sharded else model
-            use_backend(eval_model, tc.backend)
-            metrics = evaluate(eval_model, loaded.processor, loaded.settings, spaced_examples(val, ec.max_samples),
-                               stage.block_size, ec.steps, ec.strategy, ec.threshold, ec.max_new_tokens,
-                               ec.batch_size, tc.backend)
-            metrics["skipped_val"] = val.stats.skipped
-            write_eval(stage_dir / "eval.json", metrics)
-            summary["eval"] = metrics
-        (stage_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    barrier(ctx)
-    return final_dir
+    return _finish_stage(cfg, stage, ctx, t, {
+        "stage": stage.name, "block_size": stage.block_size, "steps": steps_total, "skipped_scan": data.skipped_scan,
+        "skipped_runtime": batches.skipped, "planning_frame_sizes": data.frame_sizes,
+        "planning_route_targets": data.route_targets, "inputs": inputs})

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import yaml
 
 from wam_diff_core.console import console_main
@@ -120,6 +121,142 @@ class PoseHistory:
         return self.poses[best]
 
 
+def sim_stamp(t: float):
+    """Simulation time `t` (s) as a builtin_interfaces/Time."""
+    from builtin_interfaces.msg import Time
+
+    ns = int(round(t * 1e9))
+    return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def camera_image(bgra, frame_id: str, stamp):
+    """A CARLA BGRA frame as sensor_msgs/Image (rgb8)."""
+    from sensor_msgs.msg import Image
+    from std_msgs.msg import Header
+
+    from wam_diff_ros.carla.agent import bgra_to_rgb
+
+    rgb = bgra_to_rgb(bgra)
+    h, w = rgb.shape[:2]
+    return Image(header=Header(stamp=stamp, frame_id=frame_id), height=h, width=w, encoding="rgb8", is_bigendian=0,
+                 step=3 * w, data=rgb.tobytes())
+
+
+def odometry_msg(odo: dict, stamp, map_frame: str, base_frame: str):
+    """nav_msgs/Odometry of `odometry_fields`: pose in `map_frame`, twist in `base_frame`."""
+    from nav_msgs.msg import Odometry
+    from std_msgs.msg import Header
+
+    msg = Odometry(header=Header(stamp=stamp, frame_id=map_frame), child_frame_id=base_frame)
+    msg.pose.pose.position.x, msg.pose.pose.position.y, msg.pose.pose.position.z = odo["x"], odo["y"], odo["z"]
+    msg.pose.pose.orientation.z = math.sin(odo["heading"] / 2.0)
+    msg.pose.pose.orientation.w = math.cos(odo["heading"] / 2.0)
+    msg.twist.twist.linear.x, msg.twist.twist.linear.y = odo["vx"], odo["vy"]
+    msg.twist.twist.angular.z = odo["yaw_rate"]
+    return msg
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class Bridge:
+    """The bridge's ROS node and driving state: per tick it publishes the simulator's outputs, takes the
+    trajectories that arrived and turns the held plan into the next control."""
+
+    def __init__(self, cfg: BridgeConfig, context):
+        import rclpy
+        import rclpy.executors
+        from nav_msgs.msg import Odometry
+        from rosgraph_msgs.msg import Clock
+        from sensor_msgs.msg import Image
+        from std_msgs.msg import String
+        from wam_diff_msgs.msg import Trajectory
+
+        self.cfg, self.context = cfg, context
+        self.node = rclpy.create_node("wam_diff_carla_bridge", context=context)
+        self.executor = rclpy.executors.SingleThreadedExecutor(context=context)
+        self.executor.add_node(self.node)
+        self.cameras = {cam: self.node.create_publisher(Image, topic, 1) for cam, topic in cfg.topics.items()}
+        self.odometry = self.node.create_publisher(Odometry, cfg.odometry_topic, 10)
+        self.clock = self.node.create_publisher(Clock, "/clock", 10)
+        self.command = self.node.create_publisher(String, cfg.command_topic, 10)
+        self.controller = Controller(cfg.controller)
+        self.history = PoseHistory()
+        self.held: Optional[HeldPlan] = None
+        self.counts = Counter()
+        self.ticks = 0
+        self.period = cfg.fixed_delta_s / cfg.realtime_factor if cfg.realtime_factor > 0 else 0.0  # wall s per tick
+        self.node.create_subscription(Trajectory, cfg.trajectory_topic, self.on_trajectory, 10)
+
+    def on_trajectory(self, msg) -> None:
+        """Hold a valid plan with the ego pose at its stamp; an invalid one brakes until the next valid plan."""
+        self.counts["trajectories"] += 1
+        pts = [(p.pose.position.x, p.pose.position.y) for p in msg.points]
+        if not msg.valid or not valid_trajectory(pts if pts else None):
+            self.counts["invalid"] += 1
+            self.held = None
+            return
+        t = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+        pose = self.history.at(t)
+        if pose is None:
+            return
+        self.held = HeldPlan(np.asarray(pts, dtype=np.float64), np.asarray(pose[0]), pose[1], t)
+
+    def publish(self, now: float, data: dict, odo: dict) -> None:
+        """Clock, camera images, odometry and the navigation command of one tick."""
+        from rosgraph_msgs.msg import Clock
+        from std_msgs.msg import String
+
+        self.clock.publish(Clock(clock=sim_stamp(now)))
+        for cam, pub in self.cameras.items():
+            pub.publish(camera_image(data[cam], cam, sim_stamp(now)))
+        self.odometry.publish(odometry_msg(odo, sim_stamp(now), self.cfg.map_frame, self.cfg.base_frame))
+        self.command.publish(String(data=self.cfg.command))
+
+    def take_trajectories(self, start: float) -> None:
+        """Spin for trajectories until this tick's wall-time slot (from `start`, monotonic) is used up."""
+        period = self.period
+        while True:
+            left = period - (time.monotonic() - start)
+            self.executor.spin_once(timeout_sec=0.0 if period == 0 else max(0.0, min(0.005, left)))
+            if time.monotonic() - start >= period:
+                break
+
+    def tick(self, session, max_steer: float) -> None:
+        """One synchronous simulator step: publish, listen, control."""
+        cfg = self.cfg
+        start = time.monotonic()
+        data = session.tick()
+        self.ticks += 1
+        now = data["time_s"]
+        odo = odometry_fields(data["ego"])
+        self.history.add(now, (odo["x"], odo["y"]), odo["heading"])
+        self.publish(now, data, odo)
+        self.take_trajectories(start)
+        held = self.held
+        wps, age = held.waypoints((odo["x"], odo["y"]), odo["heading"], now) if held else (None, 0.0)
+        ctrl = self.controller.step(wps, data["ego"]["speed"], cfg.fixed_delta_s, plan_age_s=age)
+        if ctrl.reason in ("invalid plan", "stale plan"):
+            self.counts["brake_ticks"] += 1
+        session.apply_control(ctrl.throttle, carla_steer(ctrl.steer, max_steer, cfg.steer_scale), ctrl.brake)
+
+    def drive(self, session, stop=None) -> None:
+        """Tick until max_ticks, the context shuts down or `stop` is set."""
+        cfg = self.cfg
+        max_steer = vehicle_max_steer_rad(session.ego) or cfg.controller.max_steer_rad
+        self.node.get_logger().info(f"connected to {cfg.host}:{cfg.port}; synchronous at {cfg.fixed_delta_s} s steps; "
+                                    f"full lock {math.degrees(max_steer):.1f} deg")
+        while self.context.ok() and (cfg.max_ticks <= 0 or self.ticks < cfg.max_ticks) and not (stop and stop.is_set()):
+            self.tick(session, max_steer)
+
+    def close(self) -> None:
+        self.node.get_logger().info(f"stopped after {self.ticks} ticks: {dict(self.counts)}; actors destroyed, "
+                                    "asynchronous mode restored")
+        self.executor.shutdown(timeout_sec=1.0)
+        self.node.destroy_node()
+
+
 def run_bridge(cfg: BridgeConfig, connect_fn=None, context=None, stop=None) -> int:
     """Run until max_ticks, Ctrl-C, SIGTERM or `stop` (a threading.Event) is set.
 
@@ -136,105 +273,25 @@ def run_bridge(cfg: BridgeConfig, connect_fn=None, context=None, stop=None) -> i
         print(f"wam-diff-carla-bridge: error: {exc}", file=sys.stderr, flush=True)
         return 2
 
-    import numpy as np
     import rclpy
-    import rclpy.executors
-    from builtin_interfaces.msg import Time
-    from nav_msgs.msg import Odometry
-    from rosgraph_msgs.msg import Clock
-    from sensor_msgs.msg import Image
-    from std_msgs.msg import Header, String
-    from wam_diff_msgs.msg import Trajectory
-
-    from wam_diff_ros.carla.agent import bgra_to_rgb
-
-    def stamp(t: float) -> Time:
-        ns = int(round(t * 1e9))
-        return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
-
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(signal.SIGTERM, _interrupt)
     own_context = context is None
     if own_context:
         rclpy.init()
         context = rclpy.get_default_context()
-    node = rclpy.create_node("wam_diff_carla_bridge", context=context)
-    executor = rclpy.executors.SingleThreadedExecutor(context=context)
-    executor.add_node(node)
-    pubs = {cam: node.create_publisher(Image, topic, 1) for cam, topic in cfg.topics.items()}
-    odom_pub = node.create_publisher(Odometry, cfg.odometry_topic, 10)
-    clock_pub = node.create_publisher(Clock, "/clock", 10)
-    cmd_pub = node.create_publisher(String, cfg.command_topic, 10)
-    controller = Controller(cfg.controller)
-    history = PoseHistory()
-    state = {"held": None}
-    counts = Counter()
-
-    def on_trajectory(msg) -> None:
-        counts["trajectories"] += 1
-        pts = [(p.pose.position.x, p.pose.position.y) for p in msg.points]
-        if not msg.valid or not valid_trajectory(pts if pts else None):
-            counts["invalid"] += 1
-            state["held"] = None  # brake until the next valid plan
-            return
-        t = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
-        pose = history.at(t)
-        if pose is None:
-            return
-        state["held"] = HeldPlan(np.asarray(pts, dtype=np.float64), np.asarray(pose[0]), pose[1], t)
-
-    node.create_subscription(Trajectory, cfg.trajectory_topic, on_trajectory, 10)
+    bridge = Bridge(cfg, context)
     session = CarlaSession(client, world, SessionConfig(fixed_delta_s=cfg.fixed_delta_s, town=cfg.town,
                                                         vehicle=cfg.vehicle, spawn_point=cfg.spawn_point,
                                                         sensors=cfg.sensors))
-    period = cfg.fixed_delta_s / cfg.realtime_factor if cfg.realtime_factor > 0 else 0.0
-    ticks = 0
     try:
         with session:
-            max_steer = vehicle_max_steer_rad(session.ego) or cfg.controller.max_steer_rad
-            node.get_logger().info(f"connected to {cfg.host}:{cfg.port}; synchronous at {cfg.fixed_delta_s} s steps; "
-                                   f"full lock {math.degrees(max_steer):.1f} deg")
-            while context.ok() and (cfg.max_ticks <= 0 or ticks < cfg.max_ticks) and not (stop and stop.is_set()):
-                start = time.monotonic()
-                data = session.tick()
-                ticks += 1
-                now = data["time_s"]
-                odo = odometry_fields(data["ego"])
-                history.add(now, (odo["x"], odo["y"]), odo["heading"])
-                header = Header(stamp=stamp(now), frame_id=cfg.map_frame)
-                clock_pub.publish(Clock(clock=stamp(now)))
-                for cam, pub in pubs.items():
-                    rgb = bgra_to_rgb(data[cam])
-                    h, w = rgb.shape[:2]
-                    pub.publish(Image(header=Header(stamp=stamp(now), frame_id=cam), height=h, width=w,
-                                      encoding="rgb8", is_bigendian=0, step=3 * w, data=rgb.tobytes()))
-                msg = Odometry(header=header, child_frame_id=cfg.base_frame)
-                msg.pose.pose.position.x, msg.pose.pose.position.y, msg.pose.pose.position.z = odo["x"], odo["y"], odo["z"]
-                msg.pose.pose.orientation.z = math.sin(odo["heading"] / 2.0)
-                msg.pose.pose.orientation.w = math.cos(odo["heading"] / 2.0)
-                msg.twist.twist.linear.x, msg.twist.twist.linear.y = odo["vx"], odo["vy"]
-                msg.twist.twist.angular.z = odo["yaw_rate"]
-                odom_pub.publish(msg)
-                cmd_pub.publish(String(data=cfg.command))
-                while True:  # take trajectories until this tick's wall-time slot is used up
-                    executor.spin_once(timeout_sec=0.0 if period == 0 else max(0.0, min(0.005, period - (time.monotonic() - start))))
-                    if time.monotonic() - start >= period:
-                        break
-                held = state["held"]
-                wps, age = held.waypoints((odo["x"], odo["y"]), odo["heading"], now) if held else (None, 0.0)
-                ctrl = controller.step(wps, data["ego"]["speed"], cfg.fixed_delta_s, plan_age_s=age)
-                if ctrl.reason in ("invalid plan", "stale plan"):
-                    counts["brake_ticks"] += 1
-                session.apply_control(ctrl.throttle, carla_steer(ctrl.steer, max_steer, cfg.steer_scale), ctrl.brake)
+            bridge.drive(session, stop)
     except KeyboardInterrupt:
         pass
     finally:
-        node.get_logger().info(f"stopped after {ticks} ticks: {dict(counts)}; actors destroyed, asynchronous mode restored")
-        executor.shutdown(timeout_sec=1.0)
-        node.destroy_node()
+        bridge.close()
         if own_context:
             rclpy.try_shutdown()
     return 0

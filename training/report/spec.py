@@ -19,7 +19,7 @@
     sensitivity: {ids: [highway_dense_00, cut_in_01], max_seconds: 20, every: 10}   `wam-diff sensitivity`
                  of every closed-loop model on these routes: the "traffic response" column
 
-    base: report_nano_v17.yaml   a spec this one continues (relative to this file): its keys first, then
+    base: report.yaml            a spec this one continues (relative to this file): its keys first, then
                  this file's; mappings merge key by key, lists replace, except `models`, whose entries merge by
                  name (a new name is appended, a known one replaced in place)
 
@@ -35,7 +35,7 @@ import yaml
 
 from wam_diff_core.constants import FRAME_SIZE, REPLAN_EVERY, TASKS
 from wam_diff_core.errors import WamDiffError
-from wam_diff_core.model.settings import STRATEGIES
+from wam_diff_core.constants import STRATEGIES
 from wam_diff_core.policy import TASK_BUDGET
 from wam_diff_core.sim.policies import BASELINES
 
@@ -146,23 +146,17 @@ def _frame_size(value, key: str) -> tuple[int, int]:
     return _positive_int(w, key), _positive_int(h, key)
 
 
-def parse_spec(raw) -> ReportSpec:
-    raw = _mapping(raw, "spec")
-    _only(raw, ("data", "samples", "max_new_tokens", "decoding", "closed_loop", "models", "sweeps", "baselines",
-                "sensitivity"), "spec")
-    data = _mapping(raw.get("data"), "data")
-    _only(data, TASKS, "data")
-    if not data:
-        raise SpecError(f"data: give at least one validation split, keys from {list(TASKS)}")
-    samples = dict(DEFAULT_SAMPLES)
-    for task, n in _mapping(raw.get("samples"), "samples").items():
-        _only({task: n}, TASKS, "samples")
-        samples[task] = _positive_int(n, f"samples.{task}")
-    budget = dict(TASK_BUDGET)
-    for task, n in _mapping(raw.get("max_new_tokens"), "max_new_tokens").items():
-        _only({task: n}, TASKS, "max_new_tokens")
-        budget[task] = _positive_int(n, f"max_new_tokens.{task}")
-    dec = _mapping(raw.get("decoding"), "decoding")
+def _per_task(raw, key: str, defaults: dict[str, int]) -> dict[str, int]:
+    """A {task: positive integer} mapping over `defaults` (samples, max_new_tokens)."""
+    out = dict(defaults)
+    for task, n in _mapping(raw, key).items():
+        _only({task: n}, TASKS, key)
+        out[task] = _positive_int(n, f"{key}.{task}")
+    return out
+
+
+def _decoding(raw) -> Decoding:
+    dec = _mapping(raw, "decoding")
     _only(dec, ("steps", "strategy", "threshold", "number_order"), "decoding")
     decoding = Decoding(**dec)
     _positive_int(decoding.steps, "decoding.steps")
@@ -172,40 +166,54 @@ def parse_spec(raw) -> ReportSpec:
         raise SpecError(f"decoding.number_order: expected true or false, got {decoding.number_order!r}")
     if not 0.0 < float(decoding.threshold) <= 1.0:
         raise SpecError(f"decoding.threshold: expected a value in (0, 1], got {decoding.threshold!r}")
-    cl = _mapping(raw.get("closed_loop"), "closed_loop")
+    return decoding
+
+
+def _closed_loop(raw) -> ClosedLoop:
+    cl = _mapping(raw, "closed_loop")
     _only(cl, ("routes", "ids", "limit", "frame_size", "replan_every", "workers"), "closed_loop")
-    closed = ClosedLoop(
+    return ClosedLoop(
         routes=cl.get("routes"), ids=tuple(cl.get("ids") or ()),
         limit=None if cl.get("limit") is None else _positive_int(cl["limit"], "closed_loop.limit"),
         frame_size=_frame_size(cl.get("frame_size", "x".join(map(str, FRAME_SIZE))), "closed_loop.frame_size"),
         replan_every=_positive_int(cl.get("replan_every", REPLAN_EVERY), "closed_loop.replan_every"),
         workers=_positive_int(cl.get("workers", 1), "closed_loop.workers"))
-    entries = raw.get("models")
-    if not isinstance(entries, list) or not entries:
+
+
+def _model_entry(raw, i: int) -> ModelEntry:
+    m = _mapping(raw, f"models[{i}]")
+    _only(m, ("name", "path", "block_size", "teacher", "closed_loop", "grammar", "number_order"), f"models[{i}]")
+    if m.get("number_order") is not None and not isinstance(m["number_order"], bool):
+        raise SpecError(f"models[{i}].number_order: expected true or false, got {m['number_order']!r}")
+    if not m.get("name") or not m.get("path"):
+        raise SpecError(f"models[{i}]: needs a name and a path, got {m!r}")
+    if m.get("block_size") is not None:
+        _positive_int(m["block_size"], f"models[{i}].block_size")
+    entry = ModelEntry(name=str(m["name"]), path=str(m["path"]), block_size=m.get("block_size"),
+                       teacher=m.get("teacher"), closed_loop=bool(m.get("closed_loop", True)),
+                       grammar=bool(m.get("grammar", True)), number_order=m.get("number_order"))
+    if not entry.grammar and entry.closed_loop:
+        raise SpecError(f"models[{i}]: grammar: false is an open-loop ablation; add closed_loop: false")
+    return entry
+
+
+def _models(raw) -> tuple[ModelEntry, ...]:
+    """The model entries: uniquely named, each teacher one of them."""
+    if not isinstance(raw, list) or not raw:
         raise SpecError("models: expected a non-empty list of {name, path, ...}")
-    models = []
-    for i, m in enumerate(entries):
-        m = _mapping(m, f"models[{i}]")
-        _only(m, ("name", "path", "block_size", "teacher", "closed_loop", "grammar", "number_order"), f"models[{i}]")
-        if m.get("number_order") is not None and not isinstance(m["number_order"], bool):
-            raise SpecError(f"models[{i}].number_order: expected true or false, got {m['number_order']!r}")
-        if not m.get("name") or not m.get("path"):
-            raise SpecError(f"models[{i}]: needs a name and a path, got {m!r}")
-        if m.get("block_size") is not None:
-            _positive_int(m["block_size"], f"models[{i}].block_size")
-        models.append(ModelEntry(name=str(m["name"]), path=str(m["path"]), block_size=m.get("block_size"),
-                                 teacher=m.get("teacher"), closed_loop=bool(m.get("closed_loop", True)),
-                                 grammar=bool(m.get("grammar", True)), number_order=m.get("number_order")))
-        if not models[-1].grammar and models[-1].closed_loop:
-            raise SpecError(f"models[{i}]: grammar: false is an open-loop ablation; add closed_loop: false")
+    models = tuple(_model_entry(m, i) for i, m in enumerate(raw))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise SpecError(f"models: names must be unique, got {names}")
     for m in models:
         if m.teacher is not None and m.teacher not in names:
             raise SpecError(f"models: {m.name!r} names teacher {m.teacher!r}, which is not in {names}")
+    return models
+
+
+def _sweeps(raw, names: list[str]) -> dict[str, Sweep]:
     sweeps = {}
-    for kind, sw in _mapping(raw.get("sweeps"), "sweeps").items():
+    for kind, sw in _mapping(raw, "sweeps").items():
         _only({kind: sw}, ("steps", "block_size"), "sweeps")
         sw = _mapping(sw, f"sweeps.{kind}")
         if sw.get("model") not in names:
@@ -214,23 +222,49 @@ def parse_spec(raw) -> ReportSpec:
         if not isinstance(values, list) or not values:
             raise SpecError(f"sweeps.{kind}.values: expected a non-empty list of integers, got {values!r}")
         sweeps[kind] = Sweep(sw["model"], tuple(_positive_int(v, f"sweeps.{kind}.values") for v in values))
-    baselines = tuple(raw.get("baselines") or ())
+    return sweeps
+
+
+def _baselines(raw) -> tuple[str, ...]:
+    baselines = tuple(raw or ())
     bad = [b for b in baselines if b not in BASELINES]
     if bad:
         raise SpecError(f"baselines: {bad} not in {BASELINES}")
-    sens = None
-    if raw.get("sensitivity") is not None:
-        sv = _mapping(raw["sensitivity"], "sensitivity")
-        _only(sv, ("ids", "max_seconds", "every"), "sensitivity")
-        ids = sv.get("ids")
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
-            raise SpecError(f"sensitivity.ids: expected a non-empty list of route ids, got {ids!r}")
-        max_s = sv.get("max_seconds", 20.0)
-        if isinstance(max_s, bool) or not isinstance(max_s, (int, float)) or max_s <= 0:
-            raise SpecError(f"sensitivity.max_seconds: expected seconds > 0, got {max_s!r}")
-        sens = Sensitivity(tuple(ids), float(max_s), _positive_int(sv.get("every", 10), "sensitivity.every"))
-    return ReportSpec(data=dict(data), models=tuple(models), samples=samples, max_new_tokens=budget, decoding=decoding,
-                      closed_loop=closed, sweeps=sweeps, baselines=baselines, sensitivity=sens)
+    return baselines
+
+
+def _sensitivity(raw) -> Optional[Sensitivity]:
+    if raw is None:
+        return None
+    sv = _mapping(raw, "sensitivity")
+    _only(sv, ("ids", "max_seconds", "every"), "sensitivity")
+    ids = sv.get("ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        raise SpecError(f"sensitivity.ids: expected a non-empty list of route ids, got {ids!r}")
+    max_s = sv.get("max_seconds", 20.0)
+    if isinstance(max_s, bool) or not isinstance(max_s, (int, float)) or max_s <= 0:
+        raise SpecError(f"sensitivity.max_seconds: expected seconds > 0, got {max_s!r}")
+    return Sensitivity(tuple(ids), float(max_s), _positive_int(sv.get("every", 10), "sensitivity.every"))
+
+
+def parse_spec(raw) -> ReportSpec:
+    """A spec mapping (YAML, after `base:` merging) as a ReportSpec; SpecError names the first bad key."""
+    raw = _mapping(raw, "spec")
+    _only(raw, ("data", "samples", "max_new_tokens", "decoding", "closed_loop", "models", "sweeps", "baselines",
+                "sensitivity"), "spec")
+    data = _mapping(raw.get("data"), "data")
+    _only(data, TASKS, "data")
+    if not data:
+        raise SpecError(f"data: give at least one validation split, keys from {list(TASKS)}")
+    samples = _per_task(raw.get("samples"), "samples", DEFAULT_SAMPLES)
+    budget = _per_task(raw.get("max_new_tokens"), "max_new_tokens", TASK_BUDGET)
+    decoding = _decoding(raw.get("decoding"))
+    closed = _closed_loop(raw.get("closed_loop"))
+    models = _models(raw.get("models"))
+    sweeps = _sweeps(raw.get("sweeps"), [m.name for m in models])
+    return ReportSpec(data=dict(data), models=models, samples=samples, max_new_tokens=budget, decoding=decoding,
+                      closed_loop=closed, sweeps=sweeps, baselines=_baselines(raw.get("baselines")),
+                      sensitivity=_sensitivity(raw.get("sensitivity")))
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
