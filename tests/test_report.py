@@ -1,4 +1,4 @@
-"""`wam-diff report` on the nano model and a tiny three-task dataset written here."""
+"""`wam-diff-train report` on the nano model and a tiny three-task dataset written here."""
 import json
 from pathlib import Path
 
@@ -7,11 +7,11 @@ import pytest
 import yaml
 from PIL import Image
 
-from training.report import Report
+from training.cli import main as train_main
 from training.data import spaced_indices
+from training.report import Report
 from training.report.spec import SpecError, load_spec, parse_spec
 from training.report.table import COLUMNS
-from wam_diff_core.cli import main as wam_diff_main
 from wam_diff_core.model.checkpoint import save_model
 
 EGO_VX = 3.0  # m/s; TRAJ drives 2 m/s, so constant velocity is 0.5 m off per waypoint (4 m at 4 s)
@@ -79,7 +79,7 @@ def test_spaced_indices_cover_the_whole_split():
 def test_report_writes_table_json_plots_and_agreement_numbers(setup):
     root, spec_path, _ = setup
     out = root / "out"
-    assert wam_diff_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress"]) == 0
+    assert train_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress"]) == 0
     report = json.loads((out / "report.json").read_text())
     by_name = {m["name"]: m for m in report["models"]}
     ar, b4 = by_name["AR"], by_name["teacher B4"]
@@ -133,27 +133,27 @@ def test_resume_reuses_cached_model_results(setup):
     spec_path = root / "small.yaml"
     spec_path.write_text(yaml.safe_dump(small))
     out = root / "out_resume"
-    assert wam_diff_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
-                          "--no-closed-loop"]) == 0
+    assert train_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
+                       "--no-closed-loop"]) == 0
     cached = out / "models" / "ar.json"
     doc = json.loads(cached.read_text())
     doc["open_loop"]["qa"]["tokens_per_s"] = 12345.0  # marker: resume must not recompute
     cached.write_text(json.dumps(doc))
-    assert wam_diff_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
-                          "--no-closed-loop", "--resume"]) == 0
+    assert train_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
+                       "--no-closed-loop", "--resume"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["models"][0]["open_loop"]["qa"]["tokens_per_s"] == 12345.0
     # the spec later names a teacher for the cached model: resume adds the agreement, keeps the rest
     taught = {**small, "models": [{**spec["models"][0], "teacher": "teacher B4"}, spec["models"][1]]}
     spec_path.write_text(yaml.safe_dump(taught))
-    assert wam_diff_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
-                          "--no-closed-loop", "--resume"]) == 0
+    assert train_main(["report", "--spec", str(spec_path), "--out", str(out), "--no-progress",
+                       "--no-closed-loop", "--resume"]) == 0
     doc = json.loads(cached.read_text())
     assert doc["open_loop"]["qa"]["tokens_per_s"] == 12345.0
     assert doc["agreement"]["teacher"] == "teacher B4" and 0.0 <= doc["agreement"]["top5"] <= 1.0
 
 
-def test_bad_specs_name_the_key(setup, tmp_path):
+def test_bad_specs_name_the_key(setup, tmp_path, capsys):
     _, _, spec = setup
     cases = [
         ({**spec, "models": []}, "models"),
@@ -179,21 +179,23 @@ def test_bad_specs_name_the_key(setup, tmp_path):
     broken.write_text("models: [")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(broken)
-    assert wam_diff_main(["report", "--spec", str(broken), "--out", str(tmp_path / "o")]) == 2
+    assert train_main(["report", "--spec", str(broken), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"wam-diff-train report: error: {broken}: not valid YAML") and "\n" not in err
 
 
 def test_report_probes_the_traffic_response_of_closed_loop_models(setup):
     root, _, _ = setup
     out = root / "out_cl"
     spec_cl = str(root / "spec_cl.yaml")
-    assert wam_diff_main(["report", "--spec", spec_cl, "--out", str(out), "--no-progress", "--no-closed-loop"]) == 0
+    assert train_main(["report", "--spec", spec_cl, "--out", str(out), "--no-progress", "--no-closed-loop"]) == 0
     cached = out / "models" / "b4_driven.json"
     doc = json.loads(cached.read_text())
     assert "sensitivity" not in doc  # --no-closed-loop: no probe either
     # a closed loop already on record (a whole route with random weights takes minutes): only the probe runs
     doc["closed_loop"] = {"driving_score": 12.5, "success_rate": 0.0, "held_out_driving_score": None}
     cached.write_text(json.dumps(doc))
-    assert wam_diff_main(["report", "--spec", spec_cl, "--out", str(out), "--no-progress", "--resume"]) == 0
+    assert train_main(["report", "--spec", spec_cl, "--out", str(out), "--no-progress", "--resume"]) == 0
     model = json.loads((out / "report.json").read_text())["models"][0]
     sens = model["sensitivity"]
     assert sens["route_ids"] == ["highway_00"] and sens["routes"] == 1
@@ -204,6 +206,22 @@ def test_report_probes_the_traffic_response_of_closed_loop_models(setup):
     expected = "-" if sens["all"].get("response") is None else f"{sens['all']['response']:.2f}"
     assert row[COLUMNS.index("traffic response")] == expected and row[COLUMNS.index("DS")] == "12.5"
     assert "Traffic response" in md
+
+
+def test_report_counts_its_work_on_one_progress_bar_on_stderr(setup, capsys):
+    """Open loop (4 planning samples) + the speed pass (1 model x 4 samples) = 8 items; closed loop off."""
+    root, _, _ = setup
+    out = root / "out_bar"
+    assert train_main(["report", "--spec", str(root / "spec_cl.yaml"), "--out", str(out), "--no-closed-loop"]) == 0
+    captured = capsys.readouterr()
+    final = [line for line in captured.err.replace("\r", "\n").splitlines() if line.startswith("report: 100%")]
+    assert final and "| 8/8 [" in final[-1] and "item/s]" in final[-1]  # elapsed<remaining, rate
+    assert "report:" not in captured.out
+    # resumed: the cached work leaves the total, the bar counts what this run does
+    assert train_main(["report", "--spec", str(root / "spec_cl.yaml"), "--out", str(out), "--no-closed-loop",
+                       "--resume"]) == 0
+    final = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("report:")]
+    assert final and final[-1].startswith("report: 0item [")
 
 
 def test_held_out_score_averages_the_validation_split_routes_only():

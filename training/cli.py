@@ -10,6 +10,8 @@
   wam-diff-train recipe  training/recipes/nano_s.yaml [--resume]  (a model card's commands, timed)
   wam-diff-train average A B [C ...] --out DST [--weights 0.5,0.5]   (parameter average of one lineage)
   wam-diff-train provenance RUN_A RUN_B     (which recorded input or step output differs between two runs)
+  wam-diff-train report  --spec training/configs/report.yaml --out runs/report [--resume] [--no-closed-loop]
+                         (evaluate models: markdown table, plots, JSON)
   wam-diff-train l2-gap | speed-pass | balance-waits | bending-samples ...   (see COMMANDS; each with --help)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
@@ -26,7 +28,7 @@ from typing import Optional
 import yaml
 
 from wam_diff_core.console import console_main
-from wam_diff_core.model.settings import SCHEDULES
+from wam_diff_core.constants import SCHEDULES
 
 from .config import Config, ConfigError, load_config, set_key, validate
 
@@ -34,6 +36,7 @@ STAGES = ("ar", "adapt", "distill")
 # sub-commands in modules of their own, each exposing add_arguments(parser) and run(args) -> int (as `wam-diff`'s);
 # imported only when named, so the stages start without them. name -> (module, one-line help)
 COMMANDS = {
+    "report": ("training.report.report", "evaluate models and write a markdown table, plots and JSON"),
     "l2-gap": ("training.report.l2_gap_cli", "planning L2 of several models on the same plans, paired intervals"),
     "speed-pass": ("training.report.speed_pass", "planning tokens/s of several decodings taking turns per sample"),
     "balance-waits": ("training.balance_waits", "junction waits rebalanced: DIR/train_balanced.json beside each file"),

@@ -23,7 +23,6 @@ COMMANDS = {
     "score": ("wam_diff_core.eval.score_cli", "re-score saved per-route closed-loop results"),
     "compare-drives": ("wam_diff_core.eval.compare_drives", "closed-loop runs side by side: table, JSON and plot"),
     "expert-probe": ("wam_diff_core.sim.expert_probe", "policies' plans beside the expert's on a route it drives"),
-    "report": ("training.report", "evaluate models and write a markdown table and plots"),
 }
 
 

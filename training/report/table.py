@@ -93,7 +93,7 @@ def markdown_table(header, rows) -> str:
 
 
 def render(report: dict) -> str:
-    """The whole markdown document of a report dict (see training.report.run_report)."""
+    """The whole markdown document of a report dict (written by training.report.report.Report.run)."""
     models = report["models"]
     speed = (report.get("speed") or {}).get("models", {})
 
