@@ -2,21 +2,32 @@
 PY_SYS ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
-EXTRA_INSTALL := $(wildcard scripts/install_*.sh)
 
 .PHONY: install test demo bench clean
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt setup.py $(wildcard requirements-*.txt) $(EXTRA_INSTALL)
-	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	for f in $(wildcard requirements-*.txt); do $(PY) -m pip install -q -r "$$f" || exit 1; done
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	for s in $(EXTRA_INSTALL); do bash "$$s" $(VENV) || exit 1; done
-	touch $(STAMP)
+# One line per phase, pip quiet (its errors still show); runs again only when a requirements file, setup.py or
+# the interface build script changed.
+$(STAMP): requirements.txt $(wildcard requirements-*.txt) setup.py scripts/install_ros.sh
+	@echo "==> venv ($(VENV))"
+	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
+	@$(PIP) install --upgrade pip
+	@echo "==> core requirements (torch, transformers)"
+	@$(PIP) install -r requirements.txt
+	@echo "==> ROS 2 Jazzy wheels"
+	@$(PIP) install -r requirements-ros.txt
+	@echo "==> simulator (highway-env) and training extras (tensorboard)"
+	@$(PIP) install -r requirements-sim.txt -r requirements-train.txt
+	@echo "==> CARLA 0.9.15 client"
+	@$(PIP) install -r requirements-carla.txt
+	@echo "==> wam_diff_msgs interfaces"
+	@bash scripts/install_ros.sh $(VENV)
+	@echo "==> wam_diff_ros (editable)"
+	@$(PIP) install --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
 
 test: install
 	$(PY) -m pytest -q tests
@@ -24,8 +35,10 @@ test: install
 demo: install
 	$(VENV)/bin/wam-diff-demo
 
+# decode speed of the shipped B = 32 model against its own AR (B = 1) reading, on the CPU
 bench: install
-	$(VENV)/bin/wam-diff bench --model nano --block-sizes 1,32 --steps 4,8,16 --batch-sizes 1 --device cpu --out runs/bench_nano.json
+	$(VENV)/bin/wam-diff bench --model models/nano-s-b32 --block-sizes 1,32 --steps 4,8,16 --batch-sizes 1 --device cpu \
+		--out runs/bench_nano_s_b32.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -8,16 +8,17 @@ PACKAGE = "wam_diff_ros"
 setup(
     name=PACKAGE,
     version="0.1.0",
+    # flat layout: the packages sit at the repository root (an editable install puts the root on sys.path)
+    package_dir={"": "."},
     packages=find_packages(include=["wam_diff_core*", "kernels*", "training*", "wam_diff_ros*"]),
-    package_data={"wam_diff_core": ["data/*", "data/**/*"]},
-    include_package_data=True,
+    package_data={"wam_diff_core.data": ["*.json"]},  # the closed-loop route suite
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
         (f"share/{PACKAGE}/config", glob("config/*.yaml")),
     ],
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # the pinned transformers needs it
     install_requires=["setuptools"],
     extras_require={
         "gpu": ["flashinfer-python==0.7.0"],

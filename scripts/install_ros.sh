@@ -45,7 +45,6 @@ if grep -l "/opt/python/" "${CMAKE_FILES[@]}" >/dev/null 2>&1; then
   die "unrewritten /opt/python paths remain in: $(grep -l /opt/python/ "${CMAKE_FILES[@]}" | tr '\n' ' ')"
 fi
 
-echo "install_ros: building wam_diff_msgs into $VENV"
 rm -rf "$BUILD" && mkdir -p "$BUILD"
 LOG="$BUILD/build.log"
 export AMENT_PREFIX_PATH="$VENV${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}"
