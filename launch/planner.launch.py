@@ -1,6 +1,7 @@
 """Start the WAM-Diff planner as a lifecycle node and bring it to active.
 
     ros2 launch wam_diff_ros planner.launch.py model:=/path/to/checkpoint device:=cuda
+    ros2 launch wam_diff_ros planner.launch.py camera_topics:=/front/image_raw,/left/image_raw/compressed
     ros2 launch wam_diff_ros planner.launch.py params_file:=/path/to/my_planner.yaml
 
 Parameters come from config/planner.yaml (override with params_file); the launch arguments
@@ -9,28 +10,25 @@ parameter, so no lifecycle manager is needed; set autostart:=false to drive it w
 `ros2 lifecycle set /wam_diff/wam_diff_planner configure|activate`.
 """
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import LifecycleNode
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
+from wam_diff_ros.launch_args import parse_topic_list
+
 PACKAGE = "wam_diff_ros"
 
 
-def generate_launch_description():
-    args = [
-        DeclareLaunchArgument("namespace", default_value="wam_diff"),
-        DeclareLaunchArgument("params_file", default_value=PathJoinSubstitution(
-            [FindPackageShare(PACKAGE), "config", "planner.yaml"])),
-        DeclareLaunchArgument("model", default_value="nano-s-b32",
-                              description="nano-s-b32 (the shipped model, models/nano-s-b32), a preset name or a "
-                                          "checkpoint directory"),
-        DeclareLaunchArgument("device", default_value="cpu"),
-        DeclareLaunchArgument("autostart", default_value="true"),
-        DeclareLaunchArgument("use_sim_time", default_value="false"),
-    ]
-    planner = LifecycleNode(
+def camera_parameters(context) -> list[dict]:
+    """The camera_topics launch argument as a list parameter, when it is given."""
+    topics = parse_topic_list(context.launch_configurations.get("camera_topics", ""))
+    return [{"camera_topics": topics}] if topics else []
+
+
+def planner_node(context):
+    return [LifecycleNode(
         package=PACKAGE,
         executable="wam-diff-planner",
         name="wam_diff_planner",
@@ -43,8 +41,26 @@ def generate_launch_description():
                 "autostart": ParameterValue(LaunchConfiguration("autostart"), value_type=bool),
                 "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
             },
+            *camera_parameters(context),
         ],
         output="screen",
         emulate_tty=True,
-    )
-    return LaunchDescription(args + [planner])
+    )]
+
+
+def generate_launch_description():
+    args = [
+        DeclareLaunchArgument("namespace", default_value="wam_diff"),
+        DeclareLaunchArgument("params_file", default_value=PathJoinSubstitution(
+            [FindPackageShare(PACKAGE), "config", "planner.yaml"])),
+        DeclareLaunchArgument("model", default_value="nano-s-b32",
+                              description="nano-s-b32 (the shipped model, models/nano-s-b32), a preset name or a "
+                                          "checkpoint directory"),
+        DeclareLaunchArgument("device", default_value="cpu"),
+        DeclareLaunchArgument("camera_topics", default_value="",
+                              description="camera topics in prompt order, comma-separated ('/compressed' suffix = "
+                                          "CompressedImage); empty: the parameter file's"),
+        DeclareLaunchArgument("autostart", default_value="true"),
+        DeclareLaunchArgument("use_sim_time", default_value="false"),
+    ]
+    return LaunchDescription(args + [OpaqueFunction(function=planner_node)])

@@ -135,3 +135,31 @@ def test_launch_files_yaml_and_node_default_to_the_shipped_model_decoding_as_it_
     for name, value in unset.items():
         assert PARAMETERS[name][0] == planner[name] == value, name
         assert demo.get(name, value) == value, name  # the demo keeps the checkpoint's own too
+
+
+def test_planner_launch_declares_model_and_camera_topics_arguments():
+    tree = ast.parse((ROOT / "launch" / "planner.launch.py").read_text())
+    declared = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
+                and getattr(n.func, "id", None) == "DeclareLaunchArgument"}
+    assert {"model", "camera_topics", "params_file", "device", "autostart"} <= declared
+
+
+@pytest.mark.parametrize("text, topics", [
+    ("", []), ("  ", []), ("[]", []),
+    ("/camera/image_raw", ["/camera/image_raw"]),
+    ("/front/image_raw, /left/image_raw/compressed", ["/front/image_raw", "/left/image_raw/compressed"]),
+    ("['/a', '/b']", ["/a", "/b"]),
+])
+def test_camera_topics_launch_argument_parses_to_a_topic_list(text, topics):
+    from wam_diff_ros.launch_args import parse_topic_list
+
+    assert parse_topic_list(text) == topics
+
+
+@pytest.mark.parametrize("text", ["/a,,/b", "/a, /my topic"])
+def test_camera_topics_launch_argument_rejects_empty_or_spaced_names_in_one_line(text):
+    from wam_diff_ros.launch_args import LaunchArgumentError, parse_topic_list
+
+    with pytest.raises(LaunchArgumentError) as err:
+        parse_topic_list(text)
+    assert repr(text) in str(err.value) and "\n" not in str(err.value)
