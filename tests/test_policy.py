@@ -111,7 +111,7 @@ def test_an_unset_token_budget_is_the_tasks_own(policy, nano, monkeypatch, camer
 
 
 def test_the_shipped_models_name_loads_its_directory_or_warns_and_takes_nano(monkeypatch, tmp_path, capsys):
-    from wam_diff_core import policy as policy_mod
+    from wam_diff_core.model import checkpoint as policy_mod
 
     assert policy_mod.resolve_model("nano-s-b32") == str(policy_mod.SHIPPED_MODEL_DIR)
     assert policy_mod.SHIPPED_MODEL_DIR.is_dir()

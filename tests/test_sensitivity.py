@@ -92,11 +92,11 @@ def test_summary_means_per_bin_and_response():
     assert s["all"]["probes"] == 3 and s["invalid"] == 2 and s["routes"] == 1
 
 
-def test_cli_refuses_the_expert_and_probes_a_checkpoint(nano, tmp_path):
+def test_cli_refuses_the_expert_and_probes_a_checkpoint(nano, tmp_path, capsys):
     from wam_diff_core.model.checkpoint import save_model
 
-    with pytest.raises(SystemExit, match="give a model"):
-        wam_diff_main(["sensitivity", "--policy", "expert", "--out", str(tmp_path), "--ids", "highway_00"])
+    assert wam_diff_main(["sensitivity", "--policy", "expert", "--out", str(tmp_path), "--ids", "highway_00"]) == 2
+    assert "wam-diff sensitivity: error:" in capsys.readouterr().err
     ckpt = tmp_path / "nano"
     save_model(nano, ckpt)
     out = tmp_path / "probe"

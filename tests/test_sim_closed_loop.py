@@ -10,6 +10,7 @@ from wam_diff_core.eval.score_cli import rescore  # noqa: E402
 from wam_diff_core.sim.closed_loop import drive_suite, run_route, shift_plan  # noqa: E402
 from wam_diff_core.sim.policies import ConstantVelocityPolicy, ExpertPlanPolicy, ExpertPolicy, load_policy  # noqa: E402
 from wam_diff_core.sim.routes import Route  # noqa: E402
+from wam_diff_core.errors import UsageError  # noqa: E402
 from wam_diff_core.types import Plan  # noqa: E402
 
 SHORT_HIGHWAY = Route("t_highway", "highway", 11, 1.0, 60.0, 10.0, {"lanes": 3, "vehicles": 8, "ego_speed": 20.0})
@@ -121,8 +122,9 @@ def test_drive_cli_runs_each_route_once_per_traffic_seed_offset(tmp_path, capsys
     assert sorted(summary["routes"]) == ["highway_00", "highway_00_s50000"] and summary["num_routes"] == 2
     seeds = {json.loads(p.read_text())["seed"] for p in (out / "routes").glob("*.json")}
     assert len(seeds) == 2  # the copy drives other traffic
-    with pytest.raises(SystemExit, match="--seed-offsets"):
-        main(["drive", "--policy", "constant-velocity", "--out", str(out), "--ids", "highway_00", "--seed-offsets", "0,0"])
+    assert main(["drive", "--policy", "constant-velocity", "--out", str(out), "--ids", "highway_00",
+                 "--seed-offsets", "0,0"]) == 2
+    assert "wam-diff drive: error: --seed-offsets" in capsys.readouterr().err
 
 
 def test_closed_loop_commands_render_the_frames_the_policy_was_trained_on(tmp_path, capsys):
@@ -139,10 +141,10 @@ def test_closed_loop_commands_render_the_frames_the_policy_was_trained_on(tmp_pa
     assert resolve_frame_size("96x48", str(ckpt)) == (96, 48) and "differs" not in capsys.readouterr().out
     assert resolve_frame_size("384x192", str(ckpt)) == (384, 192)  # as asked, with a note
     assert "384x192 differs from the 96x48 frames" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="expected WxH"):
+    with pytest.raises(UsageError, match="expected WxH"):
         resolve_frame_size("wide", str(ckpt))
     (ckpt / "wam_diff.json").write_text('{"mask_token_id": 7, "eos_token_id": 2, "frame_size": [96]}')
-    with pytest.raises(SystemExit, match="frame_size"):
+    with pytest.raises(UsageError, match="frame_size"):
         resolve_frame_size(None, str(ckpt))
 
 

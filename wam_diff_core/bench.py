@@ -17,13 +17,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .constants import ATTENTION_BACKENDS, SHIPPED_MODEL, TEXT_LAYERS
 from .decoding.ar import generate_ar
 from .decoding.block_diffusion import generate
 from .decoding.config import DecoderConfig
+from .errors import UsageError
 from .model.checkpoint import load
 from .model.kv_cache import cache_geometry
 from .model.processor import PromptBatch
-from .constants import ATTENTION_BACKENDS, TEXT_LAYERS
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, planning_prompt
 from .types import EgoState
@@ -43,7 +44,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default="nano", help="preset name or local checkpoint directory")
+    parser.add_argument("--model", default=SHIPPED_MODEL,
+                        help="the shipped model (default), a preset name or a local checkpoint directory")
     parser.add_argument("--block-sizes", default="1,4,8,16,32")
     parser.add_argument("--steps", default="4,8,16,32", help="denoising steps K per block")
     parser.add_argument("--batch-sizes", default="1")
@@ -120,7 +122,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {args.device}: CUDA is not available on this machine")
+        raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     loaded = load(args.model, device=device, dtype=dtype)
     runner = ModelRunner(loaded.model, args.backend)

@@ -7,6 +7,7 @@ import numpy as np
 
 from .constants import NAV_COMMANDS, SHIPPED_MODEL
 from .decoding.options import add_decoding_arguments, decoding_arguments
+from .errors import UsageError
 from .policy import POLICY_TASKS, DrivingPolicy
 from .types import EgoState, check_route_target
 
@@ -34,13 +35,13 @@ def add_arguments(parser) -> None:
 
 
 def parse_target(text: str | None) -> tuple[float, float] | None:
-    """--target 'X,Y' -> (x, y); None stays None. SystemExit naming the value otherwise."""
+    """--target 'X,Y' -> (x, y); None stays None; a UsageError naming the value otherwise."""
     if text is None:
         return None
     try:
         return check_route_target(tuple(float(v) for v in text.split(",")))
     except ValueError:
-        raise SystemExit(f"--target {text!r}: expected X,Y in metres, two finite numbers") from None
+        raise UsageError(f"--target {text!r}: expected X,Y in metres, two finite numbers") from None
 
 
 def load_image(path: str | None) -> np.ndarray:
@@ -52,7 +53,7 @@ def load_image(path: str | None) -> np.ndarray:
         with Image.open(path) as img:
             return np.asarray(img.convert("RGB"))
     except (FileNotFoundError, UnidentifiedImageError) as exc:
-        raise SystemExit(f"--image {path}: cannot read an image ({exc})") from None
+        raise UsageError(f"--image {path}: cannot read an image ({exc})") from None
 
 
 def plan_to_json(plan) -> dict:

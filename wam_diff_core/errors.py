@@ -12,3 +12,7 @@ from __future__ import annotations
 
 class WamDiffError(Exception):
     """A user's mistake or bad input; the message names the bad value and what was expected."""
+
+
+class UsageError(WamDiffError, ValueError):
+    """A command-line value that does not spell what its flag expects."""

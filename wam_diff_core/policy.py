@@ -8,9 +8,7 @@ Plan with the parse error.
 from __future__ import annotations
 
 import gc
-import sys
 import time
-from pathlib import Path
 from dataclasses import replace
 from typing import Optional, Sequence
 
@@ -18,11 +16,11 @@ import numpy as np
 import torch
 
 from .codec import ParseError, parse_answer, parse_detections, parse_trajectory
-from .constants import SHIPPED_MODEL, TASKS
+from .constants import TASKS
 from .decoding.block_diffusion import generate
 from .decoding.config import DecoderConfig, resolve_decoding
 from .decoding.constraint import planning_constraint
-from .model.checkpoint import LoadedModel, load
+from .model.checkpoint import LoadedModel, load, resolve_model
 from .model.processor import check_image
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
@@ -31,22 +29,6 @@ from .types import Answer, DecodeStats, EgoState, Plan, check_command, check_rou
 # Token budget per task: a trajectory is 16 numbers (digits tokenize one by one), boxes are longer.
 TASK_BUDGET = {"planning": 128, "detection": 192, "qa": 64}
 POLICY_TASKS = ("planning", "detection")  # what plan() can answer; QA goes through ask()
-
-
-SHIPPED_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / SHIPPED_MODEL
-
-
-def resolve_model(model: str) -> str:
-    """What `model` names for the loader: SHIPPED_MODEL ("nano-s-b32") is the repository's models/nano-s-b32, or
-    the untrained `nano` preset (with a one-line warning on stderr) where that directory is absent; a directory
-    of that name here, and every other name, stay as they are."""
-    if model != SHIPPED_MODEL or Path(model).is_dir():
-        return model
-    if SHIPPED_MODEL_DIR.is_dir():
-        return str(SHIPPED_MODEL_DIR)
-    print(f"warning: the shipped model {SHIPPED_MODEL} is not at {SHIPPED_MODEL_DIR}; using the untrained 'nano' "
-          f"preset", file=sys.stderr)
-    return "nano"
 
 
 def check_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
@@ -99,7 +81,7 @@ class DrivingPolicy:
         """A preset name ("nano"), a local checkpoint directory or the shipped model's name (`resolve_model`),
         decoding with the checkpoint's own settings (its wam_diff.json) and `decoding` (DecoderConfig fields;
         None = unset, the checkpoint's) on top (`resolve_decoding`)."""
-        loaded = load(resolve_model(model), device=device)
+        loaded = load(model, device=device)
         return cls(loaded, resolve_decoding(loaded.settings.decoding, **decoding), tasks)
 
     @property

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Optional
 
 from wam_diff_core.console import console_main
+from wam_diff_core.constants import SHIPPED_MODEL
 
 PACKAGE = "wam_diff_ros"
-# The project's trained small checkpoint when it exists, else the (untrained) nano preset.
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "nano-s-b32"
 
 
 def config_file(name: str) -> Path:
@@ -38,8 +37,9 @@ def config_file(name: str) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wam-diff-demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR) if DEFAULT_MODEL_DIR.is_dir() else "nano",
-                        help="planner model: preset name, checkpoint directory, or 'fake' (no model)")
+    parser.add_argument("--model", default=SHIPPED_MODEL,
+                        help="planner model: the shipped nano-s-b32 (default), a preset name, a checkpoint directory, "
+                             "or 'fake' (no model)")
     parser.add_argument("--device", default=None, help="torch device (default: config/planner.yaml)")
     parser.add_argument("--limit", type=int, default=None, help="number of routes (default: config/demo.yaml)")
     parser.add_argument("--route-ids", default=None, help="comma-separated route ids")
@@ -63,10 +63,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     from rclpy.lifecycle import TransitionCallbackReturn
     from rclpy.parameter import Parameter
 
+    from wam_diff_core.model.checkpoint import resolve_model
+
     from .highway_bridge_node import HighwayBridgeNode
     from .planner_node import PlannerNode
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args.model = resolve_model(args.model)  # the shipped model's directory, or nano with a warning
     params_files = [config_file("planner.yaml"), config_file("demo.yaml"), *map(Path, args.params_file)]
     ros_args = ["wam-diff-demo", "--ros-args"]
     for path in params_files:

@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from wam_diff_core.console import console_main
+from wam_diff_core.constants import SHIPPED_MODEL
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -41,7 +42,8 @@ def proc_cpu_s(pid: int) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wam-diff-ros-latency", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="nano")
+    parser.add_argument("--model", default=SHIPPED_MODEL,
+                        help="the shipped model (default), a preset name, a checkpoint directory or 'fake'")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rate", type=float, default=10.0, help="camera rate, Hz")
     parser.add_argument("--frames", type=int, default=300, help="frames to publish")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import bench2drive
+from ..errors import UsageError
 
 
 def load_route_records(run_dir: Path) -> list[dict]:
@@ -107,12 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if args.dataset or args.predictions:
         if not (args.dataset and args.predictions):
-            raise SystemExit("open-loop scoring needs both --dataset and --predictions")
+            raise UsageError("open-loop scoring needs both --dataset and --predictions")
         result = score_open_loop(Path(args.dataset), Path(args.predictions), args.scenes)
         print(json.dumps(result, indent=2))
     else:
         if not args.run_dir:
-            raise SystemExit("give a run directory (closed loop) or --dataset/--predictions (open loop)")
+            raise UsageError("give a run directory (closed loop) or --dataset/--predictions (open loop)")
         result = rescore(Path(args.run_dir), args.suite)
         print(bench2drive.format_table(result))
     out = Path(args.out) if args.out else (Path(args.run_dir) / "summary_rescored.json" if args.run_dir else None)

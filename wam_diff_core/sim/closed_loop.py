@@ -21,6 +21,7 @@ import numpy as np
 from ..constants import BLOCKED_SPEED_MPS, FRAME_SIZE, JUNCTION_SCENARIOS, NUM_WAYPOINTS, REPLAN_EVERY, WAYPOINT_DT_S
 from ..control import ControllerConfig
 from ..decoding.options import add_decoding_arguments, decoding_arguments
+from ..errors import UsageError
 from ..eval import bench2drive
 from .jobs import add_progress_argument, route_jobs
 from .routes import (Route, add_frame_size_argument, add_selection_arguments, parse_seed_offsets, resolve_frame_size,
@@ -372,7 +373,7 @@ def run(args) -> int:
     try:
         routes, _ = with_seed_offsets(routes, parse_seed_offsets(args.seed_offsets))
     except ValueError as exc:
-        raise SystemExit(f"--seed-offsets: {exc}")
+        raise UsageError(f"--seed-offsets: {exc}")
     w, h = resolve_frame_size(args.frame_size, args.policy)
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,

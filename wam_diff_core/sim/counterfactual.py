@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from ..constants import FRAME_SIZE
+from ..errors import UsageError
 from .dagger import planning_sample
 from .datagen import VAL_FRACTION, add_split_arguments, merge_parts, pending_routes, training_copies, write_part
 from .jobs import add_progress_argument, route_jobs
@@ -124,7 +125,7 @@ def run(args) -> int:
                          frame_size=(w, h), min_change_m=args.min_change, workers=args.workers,
                          progress=not args.no_progress, split_over=load_routes(args.routes))
     except ValueError as exc:
-        raise SystemExit(f"wam-diff counterfactual: {exc}")
+        raise UsageError(str(exc)) from None
     print(json.dumps({k: stats[k] for k in ("pairs", "samples", "routes", "skipped_small_change",
                                              "skipped_expert_crashed", "wall_s")}, indent=2))
     return 0

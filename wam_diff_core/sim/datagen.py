@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from ..constants import BLOCKED_SPEED_MPS, FRAME_SIZE, HORIZON_S, IMAGE_PLACEHOLDER, NUM_WAYPOINTS, WAYPOINT_DT_S
+from ..errors import UsageError
 from .jobs import add_progress_argument, route_jobs
 from .routes import (Route, add_frame_size_argument, add_selection_arguments, parse_frame_size, parse_seed_offsets,
                      select_routes, suite_version, with_seed_offsets)
@@ -424,7 +425,7 @@ def run(args) -> int:
     tasks = tuple(t for t in args.tasks.split(",") if t)
     bad = [t for t in tasks if t not in ("planning", "detection", "qa")]
     if bad:
-        raise SystemExit(f"unknown tasks {bad}; expected planning, detection, qa")
+        raise UsageError(f"unknown tasks {bad}; expected planning, detection, qa")
     offsets, (w, h) = parse_seed_offsets(args.seed_offsets), parse_frame_size(args.frame_size)
     stats = generate(routes, Path(args.out), workers=args.workers, every=args.every, frame_size=(w, h),
                      val_fraction=args.val_fraction, tasks=tasks, seed_offsets=offsets, progress=not args.no_progress,

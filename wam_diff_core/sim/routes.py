@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..constants import FRAME_SIZE, WAM_DIFF_CONFIG_NAME
+from ..errors import UsageError
 
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "data" / "routes_v1.json"
 
@@ -104,7 +105,7 @@ def select_routes(args) -> list[Route]:
         return load_routes(args.routes, ids=[i for i in args.ids.split(",") if i] or None,
                            scenarios=[s for s in args.scenarios.split(",") if s] or None, limit=args.limit)
     except (ValueError, OSError) as exc:
-        raise SystemExit(f"route selection: {exc}")
+        raise UsageError(f"route selection: {exc}")
 
 
 def parse_frame_size(text: str) -> tuple[int, int]:
@@ -112,9 +113,9 @@ def parse_frame_size(text: str) -> tuple[int, int]:
     try:
         w, h = (int(v) for v in str(text).lower().split("x"))
     except ValueError:
-        raise SystemExit(f"--frame-size {text!r}: expected WxH, e.g. 256x128")
+        raise UsageError(f"--frame-size {text!r}: expected WxH, e.g. 256x128")
     if w <= 0 or h <= 0:
-        raise SystemExit(f"--frame-size {text!r}: expected a positive width and height")
+        raise UsageError(f"--frame-size {text!r}: expected a positive width and height")
     return w, h
 
 
@@ -148,7 +149,7 @@ def resolve_frame_size(text: Optional[str], policy_spec: Optional[str] = None) -
     try:
         trained = checkpoint_frame_size(policy_spec) if policy_spec else None
     except ValueError as exc:
-        raise SystemExit(str(exc))
+        raise UsageError(str(exc)) from None
     if text is None:
         return trained or FRAME_SIZE
     size = parse_frame_size(text)
@@ -171,7 +172,7 @@ def parse_seed_offsets(text: str) -> list[int]:
     try:
         return [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"--seed-offsets {text!r}: expected comma-separated integers, e.g. 0,1000")
+        raise UsageError(f"--seed-offsets {text!r}: expected comma-separated integers, e.g. 0,1000")
 
 
 def with_seed_offsets(routes: list[Route], offsets: list[int]) -> tuple[list[Route], dict[str, str]]:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..constants import FRAME_SIZE
 from ..decoding.options import add_decoding_arguments, decoding_arguments
+from ..errors import UsageError
 from .closed_loop import route_target_scenarios
 from .jobs import add_progress_argument, route_jobs
 from .routes import Route, add_frame_size_argument, add_selection_arguments, resolve_frame_size, select_routes
@@ -181,7 +182,7 @@ def run(args) -> int:
                     workers=args.workers, device=args.device, decoding=decoding_arguments(args),
                     progress=not args.no_progress)
     except ValueError as exc:
-        raise SystemExit(f"wam-diff sensitivity: {exc}")
+        raise UsageError(str(exc)) from None
     s = res["summary"]
     print(f"{'lead vehicle':<14}{'probes':>7}{'plan change m':>15}{'slow-down m':>13}{'expert slow-down m':>20}{'response':>10}")
     for name, b in list(s["bins"].items()) + [("all", s["all"])]:
