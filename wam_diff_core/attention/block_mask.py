@@ -7,7 +7,7 @@ response blocks) and a kind:
 - NOISY: the partially masked copy being denoised;
 - PAD: left padding of batched prompts.
 
-Visibility (ARCHITECTURE.md, training layout):
+Visibility (docs/architecture.md, training layout):
 - prefix query in block b: prefix keys of blocks <= b;
 - clean query in block j: prefix + clean blocks <= j, never a noisy key;
 - noisy query in block j: prefix + clean blocks < j + noisy block j;

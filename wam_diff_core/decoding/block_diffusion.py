@@ -1,4 +1,4 @@
-"""Block-diffusion decoding (ARCHITECTURE.md decoding contract), the reference eager path.
+"""Block-diffusion decoding (docs/architecture.md, decoding contract), the reference eager path.
 
 Per block: B mask tokens at the next positions; up to K steps, each one forward of the block against
 the cache (a step does not extend the cache) followed by an on-device commit decision; the first

@@ -21,8 +21,8 @@ All on the device, without host synchronisation; per step a fixed loop over the 
 
 Forward only (`KinematicEnvelope.forward_only`): the ego does not reverse, so a plan never moves backward along the
 ego's heading: each x lies at or above every committed x before it (and the ego's 0) and at or below every committed
-x after it, in whatever order the block committed them. The expert's plans keep to it (v30: none of the 8,664 plans
-of data_plan and data_junction's train splits steps back in x); a block decoded in parallel can mix a plan that
+x after it, in whatever order the block committed them. The expert's plans keep to it (none of the 8,664 plans
+of the shipped recipe's data_plan and data_junction train splits steps back in x); a block decoded in parallel can mix a plan that
 drives on with one that stops, x going 5.13 then 2.38 then 0.17.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which masked positions of a block to commit after a denoising step, decided on the device.
 
-Strategies (ARCHITECTURE.md decoding contract):
+Strategies (docs/architecture.md, decoding contract):
 - `low_confidence_dynamic`: every masked position whose confidence >= threshold, and at least as many
   of the most confident as the schedule asks of this step (at least one);
 - `low_confidence_static`: a fixed count per step (the schedule's share of the block), most

@@ -53,7 +53,7 @@ DEFAULT_SEED_OFFSETS = (3000, 4000)  # `wam-diff data` recipes use 0, 1000, 2000
 
 def planning_sample(out_dir: Path, route: Route, tick: int, dt: float, frame: np.ndarray, ego, command: str,
                     label: np.ndarray, source: str, suffix: str = "", target=None, **meta) -> dict:
-    """One planning sample in the ARCHITECTURE format: saves the frame as
+    """One planning sample in the dataset format (docs/architecture.md): saves the frame as
     OUT/images/<route>/<tick><suffix>.png and asks the planning question (with the route target point `target`
     when the world has one) with `label` as the answer; `source` and `meta` go into its meta."""
     from PIL import Image

@@ -6,7 +6,7 @@ share its image:
               positions at WAYPOINT_DT_S in the ego frame (so frames need 4 s of future);
   detection - Qwen3-VL grounding JSON of the vehicles in view (0..1000 scale);
   qa        - questions answered from world state (lead vehicle, lane occupancy, next action...).
-Samples follow ARCHITECTURE.md (`id, datasource, task, image, conversations`, `<image>` in the human
+Samples follow docs/architecture.md (`id, datasource, task, image, conversations`, `<image>` in the human
 turn) plus a `meta` dict. Splits go by route seed, never by frame. Each finished route is written to
 OUT/parts/ so a rerun resumes; the merged OUT/train.json, OUT/val.json, OUT/scenes_val.jsonl (PDM
 scenes of held-out planning frames) and OUT/stats.json are rebuilt at the end.

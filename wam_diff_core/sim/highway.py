@@ -4,7 +4,7 @@ Each tick gives an ego-aligned top-down RGB frame, the ego state, the navigation
 ground truth (vehicle boxes in image pixels, lane geometry, collision and off-road flags).
 Control in: signed acceleration (m/s^2) and front-wheel steering angle (rad, + left).
 
-Frames and coordinates (ARCHITECTURE.md): highway-env's y points to the driver's right and a
+Frames and coordinates (docs/architecture.md): highway-env's y points to the driver's right and a
 positive heading turns right. This module converts once, here: world X = x_hw, Y = -y_hw,
 yaw = -heading_hw. Frames are rotated so the ego always faces right (+x forward = image right,
 +y left = image up), the ego sitting at `ego_anchor` (fractions of width, height).

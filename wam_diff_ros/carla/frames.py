@@ -1,7 +1,7 @@
 """CARLA <-> ego frame conversion: the only place the project meets CARLA's left-handed axes.
 
 CARLA world: x forward/east, y right/south, z up (left-handed); yaw in degrees, positive turning
-from +x toward +y (clockwise seen from above). The project's ego frame (ARCHITECTURE.md): x forward,
+from +x toward +y (clockwise seen from above). The project's ego frame (docs/architecture.md): x forward,
 y left, metres; headings in radians, counter-clockwise positive. In between we use a right-handed
 "world" frame with y flipped: (x, y_rh) = (x_carla, -y_carla), heading_rh = -yaw_carla.
 
