@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from wam_diff_core.eval.compare_drives import scenario_scores
 from wam_diff_core.model.checkpoint import LoadedModel, load
 
 from .progress import WorkBar
@@ -46,15 +47,6 @@ def held_out_score(routes, summary: dict) -> dict:
     per_route = summary.get("routes") or {}
     scores = [float((per_route.get(rid) or {}).get("score", 0.0)) for rid in held]
     return {"held_out_routes": held, "held_out_driving_score": sum(scores) / len(scores) if scores else None}
-
-
-def scenario_scores(summary: dict) -> dict:
-    """DS per scenario type and the number of routes that ended in (or recorded) a vehicle collision."""
-    per, collisions = {}, 0
-    for rec in (summary.get("routes") or {}).values():
-        per.setdefault(rec.get("scenario", "?"), []).append(float(rec.get("score", 0.0)))
-        collisions += any("collision" in str(i) for i in rec.get("infractions") or [])
-    return {"per_scenario": {k: sum(v) / len(v) for k, v in sorted(per.items())}, "collisions": collisions}
 
 
 def block_size_of(entry: ModelEntry, loaded: LoadedModel) -> int:
