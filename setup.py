@@ -7,7 +7,7 @@ PACKAGE = "wam_diff_ros"
 
 setup(
     name=PACKAGE,
-    version="0.1.0",
+    version="1.0.0",
     # flat layout: the packages sit at the repository root (an editable install puts the root on sys.path)
     package_dir={"": "."},
     packages=find_packages(include=["wam_diff_core*", "kernels*", "training*", "wam_diff_ros*"]),
