@@ -308,6 +308,12 @@ def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nan
     assert main(["export", str(tmp_path / "cos"), str(tmp_path / "fw"), "--dtype", "float32", "--forward-only", "on"]) == 0
     got = load_model(tmp_path / "fw").settings
     assert (got.decoding.forward_only, got.decoding.schedule, got.decoding.steps) == (True, "cosine", 4)
+    assert (got.name, got.version) == (None, None)
+    assert main(["export", str(tmp_path / "fw"), str(tmp_path / "named"), "--dtype", "float32",
+                 "--name", "my-model", "--version", "2.1.0"]) == 0
+    named = (tmp_path / "named" / "wam_diff.json").read_text()
+    assert named.startswith('{\n  "name": "my-model",\n  "version": "2.1.0",')
+    assert load_model(tmp_path / "named").settings.decoding == got.decoding
     from training.export import export
 
     ar = tmp_path / "ar"

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="whether the exported checkpoint's policies state route target points (default: as trained)")
     ex.add_argument("--schedule", choices=SCHEDULES, default=None,
                     help="set the default commit schedule per denoising step (default: kept)")
+    ex.add_argument("--name", default=None, help="the model's name in its wam_diff.json (default: kept)")
+    ex.add_argument("--version", default=None, help="the model's version in its wam_diff.json (default: kept)")
     ex.add_argument("--forward-only", choices=("on", "off"), default=None,
                     help="set whether the kinematic envelope keeps plans from stepping back (default: kept)")
     speed = sub.add_parser("speed", help="seconds per optimizer step by block size and step variant (table + JSON)")
@@ -200,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
 
         route_target = None if args.route_target is None else args.route_target == "on"
         forward = None if args.forward_only is None else args.forward_only == "on"
-        print(f"exported: {export(args.src, args.dst, args.dtype, args.steps, route_target, args.schedule, forward)}")
+        out = export(args.src, args.dst, args.dtype, args.steps, route_target, args.schedule, forward,
+                     name=args.name, version=args.version)
+        print(f"exported: {out}")
         return 0
     if args.stage == "average":
         from .average import average, parse_weights

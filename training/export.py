@@ -22,7 +22,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Optional[int] = None,
            route_target: Optional[bool] = None, schedule: Optional[str] = None,
-           forward_only: Optional[bool] = None) -> Path:
+           forward_only: Optional[bool] = None, name: Optional[str] = None, version: Optional[str] = None) -> Path:
+    """Copy a checkpoint in `dtype`; the other arguments, when given, replace what its wam_diff.json says
+    (decoding defaults, route targets, the model's name and version)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     if steps is not None and steps < 1:
@@ -30,19 +32,13 @@ def export(src: str | Path, dst: str | Path, dtype: str = "bfloat16", steps: Opt
     if schedule is not None:
         check_schedule(schedule)
     loaded = load_model(src)
-    if steps is not None:
-        s = loaded.settings
-        if s.trained_block_size == 1 and steps != 1:
-            raise ValueError(f"steps {steps}: {src} decodes autoregressively (block size 1), one step per token")
-        loaded.settings = replace(s, decoding=replace(s.decoding, steps=int(steps)))
-    if schedule is not None:
-        s = loaded.settings
-        loaded.settings = replace(s, decoding=replace(s.decoding, schedule=schedule))
-    if forward_only is not None:
-        s = loaded.settings
-        loaded.settings = replace(s, decoding=replace(s.decoding, forward_only=bool(forward_only)))
-    if route_target is not None:
-        loaded.settings = replace(loaded.settings, route_target=bool(route_target))
+    s = loaded.settings
+    if steps is not None and s.trained_block_size == 1 and steps != 1:
+        raise ValueError(f"steps {steps}: {src} decodes autoregressively (block size 1), one step per token")
+    decoding = {k: v for k, v in (("steps", steps), ("schedule", schedule), ("forward_only", forward_only))
+                if v is not None}
+    top = {k: v for k, v in (("route_target", route_target), ("name", name), ("version", version)) if v is not None}
+    loaded.settings = replace(s, decoding=replace(s.decoding, **decoding), **top)
     loaded.model.to(DTYPES[dtype])
     loaded.model.config.dtype = DTYPES[dtype]
     return save_model(loaded, dst)
