@@ -193,9 +193,9 @@ def main(path: str, resume: bool, only: Optional[str]) -> int:
     try:
         recipe = load_recipe(path)
         record = run_recipe(recipe, resume, {s for s in only.split(",") if s} if only else None)
-    except (ConfigError, StepFailed) as exc:
-        print(f"wam-diff-train recipe: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+    except StepFailed as exc:  # a step's own failure (exit 1); a bad recipe file is the console's one-line error
+        print(f"wam-diff-train recipe: error: {exc}", file=sys.stderr)
+        return 1
     print(f"{recipe.name}: {'complete' if record['complete'] else 'partial'}, "
           f"{record['total_wall_s']:.0f} s of measured step walls (this run's and earlier runs' kept); "
           f"{recipe.out / RECORD_FILE}")
