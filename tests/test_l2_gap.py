@@ -101,10 +101,18 @@ def _split(root: Path, n: int = 3) -> Path:
     return path
 
 
-def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_path, capsys):
+def _checkpoint(nano_ckpt, path: Path, block_size: int = 1, steps: int = 1) -> Path:
+    """The nano checkpoint with the fixed trajectory style, its wam_diff.json saying it decodes at B and K."""
     fixed = load_model(nano_ckpt)
-    fixed.settings = dataclasses.replace(fixed.settings, trajectory_format="fixed")
-    save_model(fixed, tmp_path / "fixed")
+    settings = fixed.settings.for_block_size(block_size)
+    fixed.settings = dataclasses.replace(settings, trajectory_format="fixed",
+                                         decoding=dataclasses.replace(settings.decoding, steps=steps))
+    save_model(fixed, path)
+    return path
+
+
+def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_path, capsys):
+    _checkpoint(nano_ckpt, tmp_path / "fixed")  # trained and decoded at B = 1
     split, out = _split(tmp_path / "data"), tmp_path / "gap"
     args = ["--data", str(split), "--samples", "3", "--out", str(out), f"a={tmp_path / 'fixed'}", f"b={tmp_path / 'fixed'}"]
     assert _main(args) == 0
@@ -114,6 +122,7 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
     assert b["gap"] == pytest.approx(0.0) and b["verdict"] == "within"  # one model twice: the same plans
     assert (out / "l2_gap.png").stat().st_size > 0 and "| b | 1 | 1 |" in (out / "l2_gap.md").read_text()
     assert b["steps"] == 1 and b["tokens_per_s"] > 0  # B = 1: one step per token, the decode's own clock
+    assert b["decoding"]["forward_only"] is False and result["decoding"] == {}  # the checkpoint's own, no option
 
     # --resume scores the predictions it finds: a hand-written plan for each id, exact errors
     rows = [json.loads(l) for l in (out / "predictions" / "b_planning.jsonl").read_text().splitlines()]
@@ -146,15 +155,61 @@ def test_main_decodes_each_model_and_writes_table_json_and_plot(nano_ckpt, tmp_p
         _main(args + ["--resume"])
 
 
+def test_a_checkpoint_decodes_at_its_own_steps_unless_the_spec_or_the_options_say_otherwise(nano_ckpt, tmp_path):
+    ckpt = _checkpoint(nano_ckpt, tmp_path / "k8", block_size=16, steps=8)  # its wam_diff.json: B = 16, K = 8
+    split, out = _split(tmp_path / "data", n=2), tmp_path / "gap"
+    assert _main(["--data", str(split), "--samples", "2", "--out", str(out), f"own={ckpt}", f"k2={ckpt}@2"]) == 0
+    own, k2 = json.loads((out / "l2_gap.json").read_text())["models"]
+    assert (own["block_size"], own["steps"]) == (16, 8) and (k2["block_size"], k2["steps"]) == (16, 2)
+    assert own["decoding"]["steps"] == 8 and k2["decoding"]["steps"] == 2
+    assert json.loads((out / "predictions" / "own_planning.decode.json").read_text())["steps"] == 8
+    # --steps lays K on every model; a spec's own @K still wins; B = 1 takes one step whatever K
+    assert _main(["--data", str(split), "--samples", "2", "--out", str(tmp_path / "gap4"), "--steps", "4",
+                  f"own={ckpt}", f"k2={ckpt}@2", f"ar={ckpt}@1x8"]) == 0
+    rows = json.loads((tmp_path / "gap4" / "l2_gap.json").read_text())
+    assert [(m["block_size"], m["steps"]) for m in rows["models"]] == [(16, 4), (16, 2), (1, 1)]
+    assert rows["decoding"] == {"steps": 4}
+    # the saved K = 8 decode is not taken for a K = 4 one
+    with pytest.raises(gap.ModelSpecError, match="decoded with B = 16, K = 8, .* asked for B = 16, K = 4"):
+        _main(["--data", str(split), "--samples", "2", "--out", str(out), "--resume", "--steps", "4", f"own={ckpt}"])
+
+
+def test_speed_pass_decodes_each_entry_as_its_checkpoint_and_suffixes_say(nano_ckpt, tmp_path, capsys):
+    from training.report import speed_pass
+
+    ckpt = _checkpoint(nano_ckpt, tmp_path / "k8", block_size=16, steps=8)
+    split, out = _split(tmp_path / "data", n=2), tmp_path / "speed"
+    parser = argparse.ArgumentParser()
+    speed_pass.add_arguments(parser)
+    args = ["--data", str(split), "--samples", "2", "--out", str(out), f"own={ckpt}", f"k2={ckpt}@2:cosine:raw",
+            f"fwd={ckpt}@4x2:forward"]
+    assert speed_pass.run(parser.parse_args(args)) == 0
+    own, k2, fwd = json.loads((out / "speed.json").read_text())["models"]
+    assert (own["block_size"], own["steps"], own["schedule"], own["kinematic_envelope"], own["forward_only"]) == \
+        (16, 8, "linear", True, False)
+    assert (k2["block_size"], k2["steps"], k2["schedule"], k2["kinematic_envelope"]) == (16, 2, "cosine", False)
+    assert (fwd["block_size"], fwd["steps"], fwd["forward_only"]) == (4, 2, True)
+    assert own["x_reference"] == pytest.approx(1.0) and own["tokens"] > 0
+    table = capsys.readouterr().out
+    assert "| own | 16 | 8 | on |" in table and "| k2 | 16 | 2 | off |" in table
+    assert "| fwd | 4 | 2 | forward |" in table
+    # --forward-only on lays the bound on every entry but the one whose suffix says :envelope
+    assert speed_pass.run(parser.parse_args(args[:7] + [f"env={ckpt}:envelope", "--forward-only", "on"])) == 0
+    own, env = json.loads((out / "speed.json").read_text())["models"]
+    assert (own["forward_only"], env["forward_only"], env["kinematic_envelope"]) == (True, False, True)
+    assert speed_pass.split_envelope("a=m@2:raw") == ("a=m@2", {"kinematic_envelope": False})
+    assert speed_pass.envelope_name({"kinematic_envelope": False, "forward_only": True}) == "off"
+
+
 def test_bad_model_arguments_exit_naming_them(tmp_path):
-    assert gap.parse_model(f"a={tmp_path}@8", 4) == ("a", str(tmp_path), None, 8)
-    assert gap.parse_model(f"a={tmp_path}@16x2", 4) == ("a", str(tmp_path), 16, 2)
-    assert gap.parse_model(f"a={tmp_path}", 4) == ("a", str(tmp_path), None, 4)
+    assert gap.parse_model(f"a={tmp_path}@8") == ("a", str(tmp_path), None, 8)
+    assert gap.parse_model(f"a={tmp_path}@16x2") == ("a", str(tmp_path), 16, 2)
+    assert gap.parse_model(f"a={tmp_path}") == ("a", str(tmp_path), None, None)  # unset: the checkpoint's own
     assert gap.split_schedule(f"a={tmp_path}@16x2:cosine") == (f"a={tmp_path}@16x2", "cosine")
-    assert gap.split_schedule(f"a={tmp_path}") == (f"a={tmp_path}", "linear")
+    assert gap.split_schedule(f"a={tmp_path}") == (f"a={tmp_path}", None)
     for bad in ("x", "16x", "0", "1x2x3"):
         with pytest.raises(gap.ModelSpecError, match=f"expected K or BxK .* got '{bad}'"):
-            gap.parse_model(f"a={tmp_path}@{bad}", 4)
+            gap.parse_model(f"a={tmp_path}@{bad}")
     with pytest.raises(gap.ModelSpecError, match="expected LABEL=CHECKPOINT_DIR"):
         _main(["--data", "x.json", "--out", str(tmp_path), "nolabel"])
     with pytest.raises(gap.ModelSpecError, match="not found"):

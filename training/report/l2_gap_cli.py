@@ -3,47 +3,51 @@ confidence intervals.
 
 The report scores 64 plans per model; whether a B = 32 model's L2 is "within 5 % of AR" needs to know how far
 that number moves with the plans drawn. This decodes the same `--samples` evenly spaced planning samples with
-every model (the report's decoding: each checkpoint's trained block size and K = `--steps`, or the model's own
-@K or @BxK, dynamic remasking at 0.9, number order), and resamples the plans (paired: one draw of plans for all
-models) to give each model's mean L2 and its relative gap to the first model, with 95 % intervals
-(`training.report.l2_gap`). A gap is "within" the bound when the whole interval lies below it, "outside" when
-the whole interval lies above it, else "undecided".
+every model and resamples the plans (paired: one draw of plans for all models) to give each model's mean L2 and
+its relative gap to the first model, with 95 % intervals (`training.report.l2_gap`). A gap is "within" the bound
+when the whole interval lies below it, "outside" when the whole interval lies above it, else "undecided".
 
-    wam-diff-train l2-gap --data runs/nano_s/data_plan/val.json --samples 1640 --forward-only on \\
-        --out runs/l2_gap nano-s-ar=models/nano-s-ar nano-s-b32=models/nano-s-b32 "nano-s-b32 K8=models/nano-s-b32@8"
+Each model decodes as every entry point does (`resolve_decoding`): its checkpoint's own settings (the "decoding"
+section of its wam_diff.json), the decoding options given on the command line on top (`--steps`, `--strategy`,
+`--forward-only`, ...; unset: the checkpoint's own), and the model spec's own suffixes on top of those: @K (K
+denoising steps per block), @BxK (block size B and K) and :SCHEDULE (`linear` or `cosine`: how many positions
+each denoising step commits, `wam_diff_core/decoding/remasking.py`). B = 1 takes one step per token whatever K.
+The shipped models' files say K = 4 with the forward-only bound, so they need no option:
 
-A model spec may end in :SCHEDULE (`linear`, the default, or `cosine`: how many positions each denoising step
-commits, `wam_diff_core/decoding/remasking.py`), e.g. "nano-s-b32 cosine=models/nano-s-b32:cosine".
+    wam-diff-train l2-gap --data runs/nano_s/data_plan/val.json --samples 1640 --out runs/l2_gap \\
+        nano-s-ar=models/nano-s-ar nano-s-b32=models/nano-s-b32 "nano-s-b32 K8=models/nano-s-b32@8" \\
+        "nano-s-b32 cosine=models/nano-s-b32:cosine"
 
 Writes OUT/l2_gap.json, OUT/l2_gap.md (the table), OUT/l2_gap.png (L2 against horizon, 95 % bands) and the
-predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume) with each decode's clock beside them
-(<label>_planning.decode.json: K, tokens, seconds; tokens/s is each model's own pass, one after the other, not
-the interleaved speed pass of `wam-diff-train speed-pass`). With --by-group also OUT/l2_by_group.{json,md}: each
+predictions (OUT/predictions/<label>_planning.jsonl, reused with --resume: refused where decoded with another B,
+K, schedule or forward-only bound than asked) with each decode's clock beside them (<label>_planning.decode.json:
+those settings, tokens, seconds; tokens/s is each model's own pass, one after the other, not the interleaved
+speed pass of `wam-diff-train speed-pass`). With --by-group also OUT/l2_by_group.{json,md}: each
 model's mean L2 and along-track bias at 4 s per kind of plan (intersection, roundabout, road plans below / above
-20 m/s; `training.report.groups`) on the same plans.
+20 m/s; `training.report.groups`) on the same plans. Each model's row of l2_gap.json records the settings it
+was decoded with ("decoding"); the top-level "decoding" holds the options given on the command line.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from wam_diff_core.constants import NUM_WAYPOINTS, SCHEDULES, WAYPOINT_DT_S
-from wam_diff_core.decoding.config import step_count
+from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
+from wam_diff_core.decoding.options import add_decoding_arguments, decoding_arguments
 from wam_diff_core.errors import WamDiffError
+from wam_diff_core.model.checkpoint import LoadedModel, load_model
 from wam_diff_core.policy import TASK_BUDGET
 
 from . import groups as plan_groups
 from .l2_gap import BOUND, DRAWS, TAIL, compare, errors_by_id, ground_truth, plans_by_id
-from .open_loop import decode_examples, decoder_config, load_split, write_predictions
+from .open_loop import decode_examples, load_split, write_predictions
 from .outputs import write_outputs
 from .spec import slugify
-
-STRATEGY, THRESHOLD = "low_confidence_dynamic", 0.9
 
 
 class ModelSpecError(WamDiffError, ValueError):
@@ -51,12 +55,13 @@ class ModelSpecError(WamDiffError, ValueError):
     predictions decoded otherwise than asked, or no plan that every model parses."""
 
 
-def parse_model(spec: str, default_steps: int) -> tuple[str, str, Optional[int], int]:
-    """LABEL=CHECKPOINT_DIR[@K | @BxK] -> (label, path, block size or None for the trained one, K)."""
+def parse_model(spec: str) -> tuple[str, str, Optional[int], Optional[int]]:
+    """LABEL=CHECKPOINT_DIR[@K | @BxK] -> (label, path, block size B, steps K), B and K None where the spec
+    names none (unset: the command line's, else the checkpoint's own)."""
     label, sep, path = spec.partition("=")
     if not sep or not label or not path:
         raise ModelSpecError(f"{spec!r}: expected LABEL=CHECKPOINT_DIR[@K | @BxK]")
-    block, steps = None, default_steps
+    block, steps = None, None
     head, at, tail = path.rpartition("@")
     if at and not Path(path).is_dir():
         parts = tail.split("x")
@@ -70,12 +75,26 @@ def parse_model(spec: str, default_steps: int) -> tuple[str, str, Optional[int],
     return label, path, block, steps
 
 
-def split_schedule(spec: str) -> tuple[str, str]:
-    """SPEC[:SCHEDULE] -> (SPEC, schedule); "linear" when the spec names none."""
+def split_schedule(spec: str) -> tuple[str, Optional[str]]:
+    """SPEC[:SCHEDULE] -> (SPEC, schedule); None (unset) when the spec names none."""
     head, colon, tail = spec.rpartition(":")
     if colon and tail in SCHEDULES:
         return head, tail
-    return spec, "linear"
+    return spec, None
+
+
+def model_decoding(loaded: LoadedModel, user: dict[str, Any], block_size: Optional[int] = None,
+                   steps: Optional[int] = None, schedule: Optional[str] = None) -> DecoderConfig:
+    """The planning decoding of one model spec: the checkpoint's own settings (its wam_diff.json), the command
+    line's `user` options (DecoderConfig fields, `decoding_arguments`) on top, the spec's own B, K and schedule
+    (None: unset) on top of those; the planning token budget unless the command line gives one."""
+    own = {k: v for k, v in (("block_size", block_size), ("steps", steps), ("schedule", schedule)) if v is not None}
+    return resolve_decoding(loaded.settings.decoding, **{"max_new_tokens": TASK_BUDGET["planning"], **user, **own})
+
+
+def settings_of(cfg: DecoderConfig) -> dict[str, Any]:
+    """The settings a decode ran with, for its row: the wam_diff.json decoding keys and the envelope."""
+    return cfg.to_checkpoint() | {"kinematic_envelope": cfg.kinematic_envelope}
 
 
 def markdown(result: dict) -> str:
@@ -141,62 +160,54 @@ def plot(result: dict, path: Path) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("models", nargs="+", help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE], the first the reference")
+    p.add_argument("models", nargs="+",
+                   help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE] (its own decoding, on top of the options), "
+                        "the first the reference")
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=int, default=512)
-    p.add_argument("--steps", type=int, default=4,
-                   help="denoising steps per block for models without @K or @BxK (B = 1: one per token)")
-    p.add_argument("--number-order", choices=("on", "off"), default="on")
-    p.add_argument("--kinematic-envelope", choices=("on", "off"), default="on",
-                   help="decode plans inside the kinematic envelope (wam_diff_core/decoding/envelope.py)")
-    p.add_argument("--forward-only", choices=("on", "off"), default="off",
-                   help="the envelope also keeps plans from stepping back along the ego's heading")
     p.add_argument("--bound", type=float, default=BOUND, help="relative gap bound (0.05: within 5 %%)")
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="reuse predictions already in OUT/predictions")
     p.add_argument("--by-group", action="store_true",
                    help="also write OUT/l2_by_group.{json,md}: L2 and along-track bias per kind of plan")
+    add_decoding_arguments(p)  # each unset: the checkpoint's own; a model's @K, @BxK, :SCHEDULE on top
 
 
-def _decode_one(args: argparse.Namespace, out: Path, label: str, path: str, block: Optional[int], steps: int,
-                schedule: str) -> tuple[dict, Path]:
+def _decode_one(args: argparse.Namespace, out: Path, label: str, path: str, block: Optional[int],
+                steps: Optional[int], schedule: Optional[str]) -> tuple[dict, Path]:
     """Decode (or, with --resume, reuse) one model's plans: (its row of the result so far, its predictions file).
     Refuses a resumed file decoded another way than asked."""
-    from wam_diff_core.model.checkpoint import load_model
-
-    loaded = load_model(path)
-    B = block or loaded.settings.trained_block_size
-    K = step_count(B, steps)
-    forward = args.forward_only == "on"
+    loaded = load_model(path, device=args.device)
+    cfg = model_decoding(loaded, decoding_arguments(args), block, steps, schedule)
     pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
     clock_path = pred_path.with_suffix(".decode.json")
     if not (args.resume and pred_path.is_file()):
         examples = load_split(Path(args.data), loaded, "planning", args.samples)
-        cfg = dataclasses.replace(decoder_config(B, K, STRATEGY, THRESHOLD, TASK_BUDGET["planning"],
-                                                 args.number_order == "on", args.kinematic_envelope == "on",
-                                                 forward), schedule=schedule)
         decoded = decode_examples(loaded, examples, cfg, desc=label)
         write_predictions(pred_path, decoded)
-        clock = {"block_size": B, "steps": cfg.steps, "schedule": schedule, "forward_only": cfg.forward_only,
-                 "tokens": decoded.tokens, "seconds": decoded.seconds,
+        clock = {"block_size": cfg.block_size, "steps": cfg.steps, "schedule": cfg.schedule,
+                 "forward_only": cfg.forward_only, "tokens": decoded.tokens, "seconds": decoded.seconds,
                  "tokens_per_s": decoded.tokens_per_s, "forwards_per_token": decoded.forwards_per_token}
         clock_path.write_text(json.dumps(clock, indent=2) + "\n")
     clock = json.loads(clock_path.read_text()) if clock_path.is_file() else {}
-    found = (clock.get("block_size", B), clock.get("steps", K), clock.get("schedule", "linear"),
+    asked = (cfg.block_size, cfg.steps, cfg.schedule, cfg.forward_only)
+    # a clock without schedule or forward_only predates them: linear, no forward-only bound
+    found = (clock.get("block_size", cfg.block_size), clock.get("steps", cfg.steps), clock.get("schedule", "linear"),
              clock.get("forward_only", False))
-    if found != (B, K, schedule, forward):
+    if found != asked:
         raise ModelSpecError(f"{label}: {pred_path} was decoded with B = {found[0]}, K = {found[1]}, schedule "
-                         f"{found[2]}, forward only {found[3]}, asked for B = {B}, K = {K}, schedule {schedule}, "
-                         f"forward only {forward}; use another label or --out")
-    return ({"label": label, "path": path, "block_size": B, "steps": K, "schedule": schedule,
-             "tokens_per_s": clock.get("tokens_per_s")}, pred_path)
+                             f"{found[2]}, forward only {found[3]}, asked for B = {asked[0]}, K = {asked[1]}, "
+                             f"schedule {asked[2]}, forward only {asked[3]}; use another label or --out")
+    return ({"label": label, "path": path, "block_size": cfg.block_size, "steps": cfg.steps,
+             "schedule": cfg.schedule, "decoding": settings_of(cfg), "tokens_per_s": clock.get("tokens_per_s")},
+            pred_path)
 
 
 def run(args: argparse.Namespace) -> int:
     models = []
     for spec in args.models:
         spec, schedule = split_schedule(spec)
-        models.append((*parse_model(spec, args.steps), schedule))
+        models.append((*parse_model(spec), schedule))
     if len({m[0] for m in models}) != len(models):
         raise ModelSpecError("model labels must differ")
     out, split = Path(args.out), Path(args.data)
@@ -212,10 +223,7 @@ def run(args: argparse.Namespace) -> int:
         raise ModelSpecError("no plan parses for every model")
     stats = compare([np.stack([e[i] for i in ids]) for e in errors], args.bound, ids=ids)
     result = {"data": str(split), "plans": len(ids), "reference": models[0][0], "bound": args.bound,
-              "decoding": {"strategy": STRATEGY, "threshold": THRESHOLD,
-                           "number_order": args.number_order == "on",
-                           "kinematic_envelope": args.kinematic_envelope == "on",
-                           "forward_only": args.forward_only == "on"},
+              "decoding": decoding_arguments(args),  # the options given; each model's own in its row
               "models": [r | s for r, s in zip(rows, stats)]}
     write_outputs(out, "l2_gap", result, markdown(result), plot)
     if args.by_group:

@@ -3,36 +3,40 @@ sample (load on the machine falls on all of them alike), as the report's speed p
 envelope on or off per entry.
 
     wam-diff-train speed-pass --data runs/nano_s/data_plan/val.json --samples 64 --out runs/speed \\
-        nano-s-ar=models/nano-s-ar:forward nano-s-b32=models/nano-s-b32:forward "nano-s-b32 raw=models/nano-s-b32:raw"
+        nano-s-ar=models/nano-s-ar nano-s-b32=models/nano-s-b32 "nano-s-b32 raw=models/nano-s-b32:raw"
 
-Each entry is LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw | :forward] (`:raw`: without the envelope;
-`:forward`: with its forward-only bound; @K, @BxK and SCHEDULE as in `wam-diff-train l2-gap`); the first is the
-reference of the x columns. Writes OUT/speed.json and prints a markdown table.
+Each entry is LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw | :envelope | :forward] and decodes as in
+`wam-diff-train l2-gap`: its checkpoint's own settings (its wam_diff.json), the decoding options given on the
+command line on top (unset: the checkpoint's own), the entry's own @K, @BxK and SCHEDULE on top of those; then
+`:raw` decodes without the kinematic envelope, `:envelope` inside it without the forward-only bound, `:forward`
+with that bound (the shipped models' files ask for it already). The first entry is the reference of the x
+columns. Writes OUT/speed.json (each entry's settings and clock) and prints a markdown table.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-from wam_diff_core.decoding.config import step_count
-from wam_diff_core.policy import TASK_BUDGET
+from wam_diff_core.decoding.options import add_decoding_arguments, decoding_arguments
 
-from .l2_gap_cli import STRATEGY, THRESHOLD, parse_model, split_schedule
-from .open_loop import decode_in_turns, decoder_config, load_split
+from .l2_gap_cli import model_decoding, parse_model, settings_of, split_schedule
+from .open_loop import decode_in_turns, load_split
 
-RAW = ":raw"
-FORWARD = ":forward"
+# an entry's last suffix: the envelope it decodes with, as DecoderConfig fields
+ENVELOPES = {":raw": {"kinematic_envelope": False},
+             ":envelope": {"kinematic_envelope": True, "forward_only": False},
+             ":forward": {"kinematic_envelope": True, "forward_only": True}}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+",
-                   help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw | :forward], the first the reference")
+                   help="LABEL=CHECKPOINT_DIR[@K | @BxK][:SCHEDULE][:raw | :envelope | :forward] (its own decoding, "
+                        "on top of the options), the first the reference")
     p.add_argument("--data", required=True, help="planning validation split (wam-diff data val.json)")
     p.add_argument("--samples", type=_positive_int, default=64)
-    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--out", required=True)
+    add_decoding_arguments(p)  # each unset: the checkpoint's own; an entry's suffixes on top
 
 
 def _positive_int(text: str) -> int:
@@ -42,27 +46,36 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _decodings(specs: list[str], default_steps: int) -> list[tuple]:
-    """(label, loaded checkpoint, decoder config) per entry; a checkpoint named twice is loaded once."""
+def split_envelope(spec: str) -> tuple[str, dict]:
+    """SPEC[:raw | :envelope | :forward] -> (SPEC, the envelope settings it names; {} for none)."""
+    for suffix, settings in ENVELOPES.items():
+        if spec.endswith(suffix):
+            return spec[: -len(suffix)], settings
+    return spec, {}
+
+
+def _decodings(specs: list[str], user: dict, device: str = "cpu") -> list[tuple]:
+    """(label, loaded checkpoint, decoder config) per entry, `user` the command line's decoding options;
+    a checkpoint named twice is loaded once."""
     from wam_diff_core.model.checkpoint import load_model
 
     runs, cache = [], {}
     for spec in specs:
-        raw, forward = spec.endswith(RAW), spec.endswith(FORWARD)
-        spec, schedule = split_schedule(spec[: -len(RAW)] if raw else spec[: -len(FORWARD)] if forward else spec)
-        label, path, block, steps = parse_model(spec, default_steps)
-        loaded = cache.setdefault(path, load_model(path))
-        B = block or loaded.settings.trained_block_size
-        cfg = dataclasses.replace(decoder_config(B, step_count(B, steps), STRATEGY, THRESHOLD,
-                                                 TASK_BUDGET["planning"], True, not raw, forward), schedule=schedule)
-        runs.append((label, loaded, cfg))
+        spec, envelope = split_envelope(spec)
+        spec, schedule = split_schedule(spec)
+        label, path, block, steps = parse_model(spec)
+        if path not in cache:
+            cache[path] = load_model(path, device=device)
+        cfg = model_decoding(cache[path], user | envelope, block, steps, schedule)
+        runs.append((label, cache[path], cfg))
     return runs
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    runs = _decodings(args.models, args.steps)
+    user = decoding_arguments(args)
+    runs = _decodings(args.models, user, args.device)
     split = {}  # the samples, encoded once per checkpoint as it is asked them
     for _, loaded, _ in runs:
         if id(loaded) not in split:
@@ -70,10 +83,10 @@ def run(args: argparse.Namespace) -> int:
     totals = decode_in_turns([(loaded, cfg, split[id(loaded)]) for _, loaded, cfg in runs])
     examples = split[id(runs[0][1])]
     ref = totals[0].tokens_per_s
-    result = {"data": args.data, "samples": len(examples), "threads": torch.get_num_threads(),
+    result = {"data": args.data, "samples": len(examples), "threads": torch.get_num_threads(), "decoding": user,
               "models": [{"label": label, "block_size": cfg.block_size, "steps": cfg.steps,
                           "kinematic_envelope": cfg.kinematic_envelope, "forward_only": cfg.forward_only,
-                          "schedule": cfg.schedule,
+                          "schedule": cfg.schedule, "decoding": settings_of(cfg),
                           "tokens": acc.tokens, "seconds": acc.seconds,
                           "tokens_per_s": acc.tokens_per_s, "x_reference": acc.tokens_per_s / ref,
                           "ms_per_plan": 1000 * acc.seconds / len(examples)}
@@ -93,4 +106,6 @@ def run(args: argparse.Namespace) -> int:
 
 def envelope_name(entry: dict) -> str:
     """off, on, or forward (on with the forward-only bound)."""
-    return "forward" if entry.get("forward_only") else "on" if entry["kinematic_envelope"] else "off"
+    if not entry["kinematic_envelope"]:
+        return "off"
+    return "forward" if entry.get("forward_only") else "on"
