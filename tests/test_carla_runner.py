@@ -6,6 +6,8 @@ import textwrap
 
 import pytest
 
+from wam_diff_core import cli
+from wam_diff_core.eval import leaderboard
 from wam_diff_ros.carla import results, runner
 
 ROUTE = ('<route id="{id}" town="Town12"><waypoints><position x="0" y="0" z="0"/><position x="9" y="0" z="0"/>'
@@ -25,7 +27,7 @@ def rec(rid, status, completion, save_name="", **infractions):
     inf.update(infractions)
     return {"route_id": f"RouteScenario_{rid}_rep0", "index": 0, "status": status, "scenario_name": TYPES[rid] + "_1",
             "save_name": save_name, "infractions": inf,
-            "scores": {"score_route": completion, "score_penalty": 1.0, "score_composed": 0.0}, "meta": {}}
+            "scores": {"score_route": completion}, "meta": {}}  # the merge fills in the penalty and composed score
 
 
 def checkpoint(path, records, done=None):
@@ -63,6 +65,10 @@ def test_merged_sample_results_give_hand_computed_ds_and_sr(tmp_path):
         assert s["abilities"]["give_way"] == 100.0 and s["abilities"]["merging"] is None
         assert s["efficiency"] == pytest.approx(65.0)
         assert s["comfort"] is None  # no agent files given
+        # the merged file, in the evaluator's layout out of all 5 routes, re-scores to the same DS and SR
+        lb = leaderboard.score_results(results.merge_checkpoints(order, total=5))
+        assert lb["driving_score"] == pytest.approx(57.4) and lb["success_rate"] == pytest.approx(40.0)
+        assert lb["missing_routes"] == 1 and lb["routes"]["1773"]["stored_score"] == pytest.approx(63.0)
 
 
 def test_comfort_and_plan_counters_come_from_the_agent_files(tmp_path):
@@ -133,6 +139,58 @@ def test_runner_parallel_shards_restart_after_crash_resume_and_score(tmp_path, c
     assert "2 shard(s)" in capsys.readouterr().err
     # the score sub-command re-merges from the run directory alone
     assert runner.main(["score", "--out", str(out)]) == 0
+    # merged.json is a result file in the evaluator's layout that `wam-diff score --leaderboard` reads back
+    merged = json.loads((out / "merged.json").read_text())
+    assert merged["_checkpoint"]["progress"] == [5, 5] and merged["entry_status"] == "Finished"
+    assert merged["_checkpoint"]["global_record"]["scores_mean"]["score_composed"] == 100.0
+    assert [r["index"] for r in merged["_checkpoint"]["records"]] == [0, 1, 2, 3, 4]
+    assert all(r["scores"] == {"score_route": 100.0, "score_penalty": 1.0, "score_composed": 100.0}
+               and list(r["infractions"]) == list(leaderboard.OFFICIAL_KINDS) for r in merged["_checkpoint"]["records"])
+    capsys.readouterr()
+    assert cli.main(["score", "--leaderboard", str(out / "merged.json"), "--out", str(tmp_path / "lb.json")]) == 0
+    assert "driving score 100.00 (score_composed in the file: 100.00)   success rate 100.00 %   routes 5" \
+        in capsys.readouterr().out
+    read_back = json.loads((tmp_path / "lb.json").read_text())
+    assert read_back["driving_score"] == summary["driving_score"] == 100.0
+    assert sorted(read_back["routes"]) == sorted(TYPES) and read_back["mismatches"] == []
+
+
+def test_runner_merge_scores_partial_runs_as_the_leaderboard_does_and_flags_disagreeing_scores(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "shard_0").mkdir(parents=True)
+    (out / "shard_1").mkdir(parents=True)
+    routes = write_routes(tmp_path / "routes.xml")
+    (out / runner.MANIFEST).write_text(json.dumps({"routes": str(routes)}))
+    bad = rec("1773", "Completed", 100.0, red_light=["Agent ran a red light"])
+    bad["scores"].update(score_penalty=1.0, score_composed=100.0)  # the file says 100, its red light says 70
+    checkpoint(out / "shard_0" / "checkpoint.json", [rec("1711", "Perfect", 100.0), bad])
+    checkpoint(out / "shard_1" / "checkpoint.json", [rec("1790", "Failed - Agent got blocked", 50.0,
+                                                         collisions_vehicle=["Agent collided against object"],
+                                                         vehicle_blocked=["Agent got blocked"])])
+    assert runner.main(["score", "--out", str(out)]) == 0
+    assert "route 1773: the evaluator's score_composed 100.0000 differs from its infractions' 70.0000" \
+        in capsys.readouterr().out
+    merged = json.loads((out / "merged.json").read_text())
+    # 3 of the 5 routes have a record: DS = (100 + 70 + 50 x 0.6) / 5 = 40, SR = 1 / 5 = 20 %
+    assert merged["_checkpoint"]["progress"] == [3, 5] and merged["entry_status"] == "Started"
+    assert merged["_checkpoint"]["records"][1]["scores"]["score_composed"] == 100.0  # kept as the evaluator wrote it
+    summary = json.loads((out / "summary.json").read_text())
+    lb = leaderboard.score_results(merged)
+    assert summary["driving_score"] == pytest.approx(40.0) and lb["driving_score"] == pytest.approx(40.0)
+    assert summary["success_rate"] == pytest.approx(20.0) and lb["success_rate"] == pytest.approx(20.0)
+    assert [m["route_id"] for m in summary["score_composed_mismatches"]] == ["1773"]
+
+
+def test_runner_score_refuses_a_misspelt_infraction_list_naming_route_and_key(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "shard_0").mkdir(parents=True)
+    r = rec("1711", "Completed", 100.0)
+    r["infractions"]["collision_vehicles"] = ["Agent collided against object"]
+    checkpoint(out / "shard_0" / "checkpoint.json", [r])
+    assert runner.main(["score", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "route 1711: infractions.collision_vehicles is not a leaderboard infraction" in err
+    assert not (out / "summary.json").exists()
 
 
 def test_runner_rejects_missing_bench2drive_checkout(tmp_path, capsys):

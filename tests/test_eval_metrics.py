@@ -26,6 +26,34 @@ def test_penalties_multiply_per_event_and_outside_lanes_scales_by_percentage():
     assert b2d.route_score(50.0, [{"kind": "collision_pedestrian"}, {"kind": "stop_sign"}]) == pytest.approx(20.0)
 
 
+def test_misspelt_infraction_kind_is_an_error_naming_route_and_key_not_a_clean_100():
+    # "collisions_vehicle" is the leaderboard's list name, not a kind: it once scored as no penalty (100)
+    with pytest.raises(b2d.ScoreError, match=r"route r7: infraction kind 'collisions_vehicle' is unknown"):
+        b2d.summarize([_rec("r7", 100.0, ["collisions_vehicle"])])
+    with pytest.raises(b2d.ScoreError, match=r"infraction kind None is unknown"):
+        b2d.penalty([{"time_s": 1.0}])
+
+
+@pytest.mark.parametrize("completion", [float("nan"), float("inf"), 100.5, -1.0, None])
+def test_completion_outside_0_to_100_or_nan_is_an_error_naming_route_and_key(completion):
+    with pytest.raises(b2d.ScoreError, match=r"route r3: completion is .*; expected a percentage in 0\.\.100"):
+        b2d.summarize([_rec("r3", completion)])
+
+
+def test_outside_lanes_percentage_must_be_a_finite_percentage():
+    assert b2d.penalty([{"kind": "outside_route_lanes", "pct": 25.0}]) == pytest.approx(0.75)
+    for pct in (float("nan"), 120.0, None):
+        with pytest.raises(b2d.ScoreError, match=r"route r1: outside_route_lanes pct is"):
+            b2d.route_score(100.0, [{"kind": "outside_route_lanes", "pct": pct}], route_id="r1")
+
+
+def test_min_speed_and_route_ending_events_cost_no_penalty_but_route_ending_ones_fail():
+    assert b2d.route_score(100.0, [{"kind": "min_speed"}]) == 100.0  # unused in Bench2Drive
+    assert b2d.route_score(40.0, [{"kind": "agent_blocked"}, {"kind": "route_deviation"}]) == pytest.approx(40.0)
+    assert b2d.route_success(_rec("a", 100.0, ["min_speed"])) is True
+    assert b2d.route_success(_rec("b", 100.0, ["route_timeout"])) is False
+
+
 def test_driving_score_counts_missing_routes_as_zero_and_success_needs_clean_completion():
     recs = [_rec("a", 100.0), _rec("b", 80.0, ["collision_vehicle"]), _rec("c", 100.0, ["min_speed"])]
     s = b2d.summarize(recs, expected_route_ids=["a", "b", "c", "d"])

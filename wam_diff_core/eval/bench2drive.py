@@ -1,24 +1,29 @@
 """Bench2Drive closed-loop statistics (leaderboard 2.0 scoring as Bench2Drive uses it).
 
 World-agnostic: the embedded highway world and the CARLA agent both hand in per-route records
-(plain dicts, the per-route JSON written by `wam-diff drive`):
+(plain dicts, the per-route JSON written by `wam-diff drive`; leaderboard.py converts the official
+result file into them):
 
     {"route_id": str, "scenario": str, "abilities": [str], "status": str,
      "completion": float (percent 0..100),
-     "infractions": [{"kind": str, "time_s": float, ...}],   # kinds: PENALTIES keys, "outside_route_lanes"
-                                                           #   (with "pct"), "min_speed", ...
+     "infractions": [{"kind": str, "time_s": float, ...}],   # kinds: KINDS ("outside_route_lanes" with "pct")
      "efficiency": {"ego_mean_speed": m/s, "traffic_mean_speed": m/s},
      "comfort": {"dt": s, "lon_accel": [...], "lat_accel": [...], "yaw_rate": [...]}}
+
+An infraction kind outside KINDS, a completion or percentage outside 0..100 and NaN raise ScoreError
+naming the route and the key: a misspelt kind must never score as a clean drive.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Optional
 
 import numpy as np
 
+from ..errors import WamDiffError
 from .comfort import comfort_windows
 
-# Multiplicative penalty per infraction event (reference-facts.md).
+# Multiplicative penalty per infraction event (leaderboard 2.0 statistics_manager.PENALTY_VALUE_DICT).
 PENALTIES: dict[str, float] = {
     "collision_pedestrian": 0.5,
     "collision_vehicle": 0.6,
@@ -28,35 +33,68 @@ PENALTIES: dict[str, float] = {
     "scenario_timeout": 0.7,
     "yield_emergency_vehicle": 0.7,
 }
+# Multiplies the penalty by 1 - pct / 100 (pct: share of the completed route driven outside the route lanes).
 OUTSIDE_LANES = "outside_route_lanes"
+# The leaderboard penalises min speed by 1 - 0.3 (1 - pct / 100); Bench2Drive marks it "unused": no penalty,
+# and it does not break success (its percentages feed efficiency instead).
+MIN_SPEED = "min_speed"
+# Events that end a route without a penalty of their own: the lost completion is their cost.
+ROUTE_ENDING = ("route_deviation", "agent_blocked", "route_timeout")
+KINDS = (*PENALTIES, OUTSIDE_LANES, MIN_SPEED, *ROUTE_ENDING)
 # Infractions that never break success (Bench2Drive excepts min speed).
-NON_FAILING = ("min_speed",)
+NON_FAILING = (MIN_SPEED,)
 ABILITIES = ("merging", "overtaking", "emergency_brake", "give_way", "traffic_signs")
 
 
-def penalty(infractions: Iterable[dict]) -> float:
-    """Product of the penalty coefficients of every infraction event; unknown kinds cost nothing."""
+class ScoreError(WamDiffError, ValueError):
+    """A route record that cannot be scored (unknown infraction, completion outside 0..100, NaN); names route and key."""
+
+
+def _route(route_id) -> str:
+    return f"route {route_id}" if route_id not in (None, "") else "route record"
+
+
+def check_percentage(value, route_id, key: str) -> float:
+    """`value` as a float in [0, 100] (1e-9 over 100 is read as 100), else ScoreError naming route and key."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ScoreError(f"{_route(route_id)}: {key} is {value!r}; expected a percentage in 0..100") from None
+    if isinstance(value, bool) or not math.isfinite(v) or not 0.0 <= v <= 100.0 + 1e-9:
+        raise ScoreError(f"{_route(route_id)}: {key} is {value!r}; expected a percentage in 0..100")
+    return min(v, 100.0)
+
+
+def _kind(inf, route_id) -> str:
+    kind = inf.get("kind") if isinstance(inf, dict) else None
+    if kind not in KINDS:
+        raise ScoreError(f"{_route(route_id)}: infraction kind {kind!r} is unknown; expected one of {', '.join(KINDS)}")
+    return kind
+
+
+def penalty(infractions: Iterable[dict], route_id=None) -> float:
+    """Product of the penalty coefficients of every infraction event (1.0 for none); unknown kinds raise ScoreError."""
     p = 1.0
     for inf in infractions:
-        kind = inf["kind"]
+        kind = _kind(inf, route_id)
         if kind in PENALTIES:
             p *= PENALTIES[kind]
         elif kind == OUTSIDE_LANES:
-            p *= 1.0 - float(inf["pct"]) / 100.0
+            p *= 1.0 - check_percentage(inf.get("pct"), route_id, f"{OUTSIDE_LANES} pct") / 100.0
     return p
 
 
-def route_score(completion_pct: float, infractions: Iterable[dict]) -> float:
+def route_score(completion_pct: float, infractions: Iterable[dict], route_id=None) -> float:
     """Route score = completion (percent) x penalty, in 0..100."""
-    if not 0.0 <= completion_pct <= 100.0 + 1e-9:
-        raise ValueError(f"completion must be a percentage in [0, 100], got {completion_pct}")
-    return float(min(completion_pct, 100.0) * penalty(infractions))
+    return float(check_percentage(completion_pct, route_id, "completion") * penalty(infractions, route_id))
 
 
 def route_success(record: dict) -> bool:
-    """Completed (100 %) with no infraction other than NON_FAILING kinds."""
-    failing = [i for i in record.get("infractions", []) if i["kind"] not in NON_FAILING]
-    return record["completion"] >= 100.0 - 1e-6 and not failing
+    """Completed (100 %), not marked failed, with no infraction other than NON_FAILING kinds."""
+    rid = record.get("route_id")
+    failing = [k for k in (_kind(i, rid) for i in record.get("infractions", [])) if k not in NON_FAILING]
+    done = check_percentage(record.get("completion"), rid, "completion") >= 100.0 - 1e-6
+    return done and not str(record.get("status", "")).startswith("Failed") and not failing
 
 
 def comfort_score(record: dict) -> Optional[float]:
@@ -93,7 +131,7 @@ def summarize(records: list[dict], expected_route_ids: Optional[Iterable[str]] =
             successes.append(False)
             per_route[rid] = {"score": 0.0, "success": False, "status": "missing"}
             continue
-        s = route_score(rec["completion"], rec.get("infractions", []))
+        s = route_score(rec.get("completion"), rec.get("infractions", []), rid)
         ok = route_success(rec)
         scores.append(s)
         successes.append(ok)
@@ -106,7 +144,7 @@ def summarize(records: list[dict], expected_route_ids: Optional[Iterable[str]] =
             comforts.append(com)
         per_route[rid] = {
             "score": s, "success": ok, "status": rec.get("status", ""), "completion": rec["completion"],
-            "penalty": penalty(rec.get("infractions", [])), "scenario": rec.get("scenario", ""),
+            "penalty": penalty(rec.get("infractions", []), rid), "scenario": rec.get("scenario", ""),
             "infractions": [i["kind"] for i in rec.get("infractions", [])],
             "efficiency": eff, "comfort": com,
         }

@@ -1,6 +1,9 @@
 """`wam-diff score`: re-score saved closed-loop results, or score open-loop predictions.
 
   wam-diff score RUN_DIR                      closed loop: RUN_DIR/routes/*.json -> Bench2Drive summary
+  wam-diff score --leaderboard RESULTS.json   a leaderboard / Bench2Drive result file (_checkpoint.records):
+                                              every route re-scored from its infractions -> DS, SR, abilities,
+                                              and the routes whose score_composed disagrees
   wam-diff score --dataset DATA_DIR/val.json --predictions PRED.jsonl
                                               open loop: L2 per horizon + PDMS (planning), COCO mAP
                                               (detection), QA accuracy; PRED.jsonl lines {"id", "text"}
@@ -98,6 +101,9 @@ def score_open_loop(dataset: Path, predictions: Path, scenes: Path | None = None
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", nargs="?", help="closed-loop output directory of `wam-diff drive`")
+    parser.add_argument("--leaderboard", default=None, metavar="RESULTS.json",
+                        help="re-score a leaderboard / Bench2Drive result file (the evaluator's --checkpoint "
+                             "file or a merged one)")
     parser.add_argument("--suite", default=None, help="route suite: missing routes count as 0")
     parser.add_argument("--dataset", default=None, help="open loop: a split JSON written by `wam-diff data`")
     parser.add_argument("--predictions", default=None, help="open loop: JSONL of {id, text}")
@@ -105,8 +111,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="write the result JSON here")
 
 
+def score_leaderboard(path: Path) -> dict:
+    """Re-score every route of a leaderboard result file (wam_diff_core.eval.leaderboard.score_results)."""
+    from . import leaderboard
+
+    return leaderboard.score_results(leaderboard.load_results(path), source=str(path))
+
+
 def run(args) -> int:
-    if args.dataset or args.predictions:
+    if args.leaderboard:
+        if args.run_dir or args.dataset or args.predictions:
+            raise UsageError("--leaderboard takes no run directory, --dataset or --predictions")
+        from .leaderboard import format_report
+
+        result = score_leaderboard(Path(args.leaderboard))
+        print(format_report(result))
+    elif args.dataset or args.predictions:
         if not (args.dataset and args.predictions):
             raise UsageError("open-loop scoring needs both --dataset and --predictions")
         result = score_open_loop(Path(args.dataset), Path(args.predictions), args.scenes)
@@ -117,6 +137,8 @@ def run(args) -> int:
         result = rescore(Path(args.run_dir), args.suite)
         print(bench2drive.format_table(result))
     out = Path(args.out) if args.out else (Path(args.run_dir) / "summary_rescored.json" if args.run_dir else None)
+    if out and args.leaderboard and not out.parent.is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist")
     if out:
         out.write_text(json.dumps(result, indent=2))
         print(f"written: {out}")

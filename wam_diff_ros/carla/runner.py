@@ -9,8 +9,9 @@ merge and score.
 in parallel (Bench2Drive's evaluator starts its own CARLA server from CARLA_ROOT on that port;
 traffic manager on port + tm_offset). An evaluator that stops before its shard is done (simulation
 crash) is restarted with --resume up to --max-restarts times. `--resume` continues an interrupted
-run in the same --out. Finally the shard checkpoints are merged (merged.json, Bench2Drive's form)
-and scored with wam_diff_core.eval.bench2drive (summary.json and a table on stdout).
+run in the same --out. Finally the shard checkpoints are merged (merged.json, in the evaluator's own
+result layout, readable by `wam-diff score --leaderboard`) and scored with wam_diff_core.eval.bench2drive
+(summary.json and a table on stdout).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from typing import Optional
 
 from wam_diff_core.console import console_main
 from wam_diff_core.errors import WamDiffError
+from wam_diff_core.eval import leaderboard
 from wam_diff_ros.carla import results
 from wam_diff_ros.carla.route_xml import RouteFileError, parse_routes, split_route_file
 
@@ -286,17 +288,23 @@ def score_dir(out: Path, routes_path: Optional[Path] = None) -> dict:
     if not files:
         raise RunnerError(f"no shard_*/checkpoint.json under {out}: no evaluator wrote results; "
                           f"see {out}/shard_*/evaluator.log")
-    merged = results.merge_checkpoints(files)
-    (out / "merged.json").write_text(json.dumps(merged, indent=2))
     if routes_path is None and (out / MANIFEST).is_file():
         routes_path = Path(json.loads((out / MANIFEST).read_text())["routes"])
     routes = parse_routes(routes_path) if routes_path else None
+    # merged.json is in the evaluator's own layout (progress out of every route of the run): what
+    # `wam-diff score --leaderboard` and Bench2Drive's tools read
+    merged = results.merge_checkpoints(files, total=len(routes) if routes else None)
+    (out / "merged.json").write_text(json.dumps(merged, indent=2))
     summary = results.score(merged["_checkpoint"]["records"],
                             expected_ids=[r.id for r in routes] if routes else None,
                             route_types={r.id: r.scenario_type for r in routes} if routes else None,
                             agent_dir=out / "agent")
+    summary["score_composed_mismatches"] = leaderboard.score_results(merged, str(out / "merged.json"))["mismatches"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(format_table(summary), flush=True)
+    for m in summary["score_composed_mismatches"]:
+        print(f"route {m['route_id']}: the evaluator's score_composed {m['score_composed']:.4f} differs from "
+              f"its infractions' {m['recomputed']:.4f}", flush=True)
     if "agent" in summary:
         a = summary["agent"]
         print(f"agent: {a['plans']} plans, {a['invalid_plans']} invalid, {a['late_plans']} late, "
