@@ -20,7 +20,7 @@ COMMANDS = {
     "counterfactual": ("wam_diff_core.sim.counterfactual", "planning pairs that differ only in the traffic in view (expert-labelled)"),
     "sensitivity": ("wam_diff_core.sim.sensitivity", "does a planner slow down for the traffic it sees? (counterfactual frames)"),
     "drive": ("wam_diff_core.sim.closed_loop", "closed-loop driving on the embedded route suite"),
-    "score": ("wam_diff_core.eval.score_cli", "re-score saved per-route closed-loop results"),
+    "score": ("wam_diff_core.eval.score_cli", "re-score saved closed-loop results, or an official leaderboard / Bench2Drive result file"),
     "compare-drives": ("wam_diff_core.eval.compare_drives", "closed-loop runs side by side: table, JSON and plot"),
     "expert-probe": ("wam_diff_core.sim.expert_probe", "policies' plans beside the expert's on a route it drives"),
 }
