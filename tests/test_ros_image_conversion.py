@@ -1,13 +1,14 @@
 """Image / CompressedImage -> RGB conversion (numpy only; messages faked with SimpleNamespace)."""
 import io
+import re
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from PIL import Image as PILImage
 
-from wam_diff_ros.image_conversion import (ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb,
-                                           raw_to_rgb, rgb_to_raw)
+from wam_diff_ros.image_conversion import (MAX_PIXELS, MAX_SIDE_PX, ImageConversionError, ImageLimits,
+                                           compressed_msg_to_rgb, image_msg_to_rgb, raw_to_rgb, rgb_to_raw)
 
 
 def _rgb(h=5, w=7, seed=0):
@@ -90,3 +91,134 @@ def test_jpeg_and_png_compressed_images_decode_to_rgb():
 def test_truncated_or_garbage_compressed_images_are_rejected(data, fragment):
     with pytest.raises(ImageConversionError, match=fragment):
         compressed_msg_to_rgb(SimpleNamespace(format="jpeg", data=data()))
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+def png_header(width, height, idat=b""):
+    """A PNG whose IHDR states width x height (8-bit RGB) and whose pixel data is `idat` (zlib), often empty."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat or zlib.compress(b""))
+            + chunk(b"IEND", b""))
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """Counts pixel decodes (ImageFile.load calls): a frame rejected from its header must cost none."""
+    from PIL import ImageFile
+
+    calls = []
+    original = ImageFile.ImageFile.load
+
+    def load(self):
+        calls.append(self.size)
+        return original(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    return calls
+
+
+def test_a_16000_px_png_header_is_rejected_as_a_typed_error_without_decoding(decodes):
+    # 65 bytes claiming 256 M px: over Pillow's own decompression-bomb limit, which raised its own error here
+    data = png_header(16000, 16000)
+    assert len(data) == 65
+    with pytest.raises(ImageConversionError, match="decompression-bomb limit; max_image_pixels is 16777216"):
+        compressed_msg_to_rgb(SimpleNamespace(format="png", data=data))
+    assert decodes == []
+
+
+@pytest.mark.parametrize("width, height, limits, fragment", [
+    (4097, 10, ImageLimits(), "4097x10 exceeds max_image_side 4096 px"),
+    (10, 5000, ImageLimits(), "10x5000 exceeds max_image_side 4096 px"),
+    (4096, 4096, ImageLimits(max_pixels=4096 * 2048), "4096x4096 = 16777216 px exceeds max_image_pixels 8388608"),
+    (11, 10, ImageLimits(max_pixels=100), "11x10 = 110 px exceeds max_image_pixels 100"),
+])
+def test_compressed_headers_over_the_side_or_pixel_limit_are_rejected_before_decoding(
+        decodes, width, height, limits, fragment):
+    with pytest.raises(ImageConversionError, match=fragment):
+        compressed_msg_to_rgb(SimpleNamespace(format="png", data=png_header(width, height)), limits)
+    assert decodes == []
+
+
+def test_a_compressed_image_over_max_bytes_is_rejected_before_pillow_reads_it(monkeypatch):
+    from PIL import Image
+
+    opened = []
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
+    data = b"\xff\xd8" + bytes(ImageLimits.max_bytes - 1)
+    with pytest.raises(ImageConversionError, match=f"of {ImageLimits.max_bytes + 1} bytes .* exceeds max_image_bytes"):
+        compressed_msg_to_rgb(SimpleNamespace(format="jpeg", data=data))
+    with pytest.raises(ImageConversionError, match="of 101 bytes"):
+        compressed_msg_to_rgb(SimpleNamespace(format="jpeg", data=bytes(101)), ImageLimits(max_bytes=100))
+    assert opened == []
+
+
+def test_a_real_zero_filled_8000_px_png_is_rejected_from_its_header_not_decoded(decodes):
+    import zlib
+
+    # 187 kB that decodes to 183 MiB: before the limits it took about 4 s and 0.9 GB to decode
+    row = b"\x00" * (1 + 3 * 8000)
+    comp = zlib.compressobj(9)
+    idat = b"".join(comp.compress(row) for _ in range(8000)) + comp.flush()
+    data = png_header(8000, 8000, idat)
+    assert len(data) < 200_000
+    with pytest.raises(ImageConversionError, match="8000x8000 exceeds max_image_side 4096"):
+        compressed_msg_to_rgb(SimpleNamespace(format="png", data=data))
+    assert decodes == []
+
+
+@pytest.mark.parametrize("pil_format", ["GIF", "BMP", "TIFF"])
+def test_compressed_formats_other_than_jpeg_and_png_are_rejected_naming_the_expected_ones(pil_format):
+    buf = io.BytesIO()
+    PILImage.fromarray(_rgb(8, 8)).save(buf, format=pil_format)
+    with pytest.raises(ImageConversionError, match=r"data starting b'.{3,40}' is neither JPEG nor PNG"):
+        compressed_msg_to_rgb(SimpleNamespace(format=pil_format.lower(), data=buf.getvalue()))
+
+
+def test_raw_images_over_the_side_or_pixel_limit_are_rejected_before_the_data_is_read():
+    with pytest.raises(ImageConversionError, match="image 5000x1 exceeds max_image_side 4096"):
+        raw_to_rgb(None, 1, 5000, "rgb8", 15000)  # data is never looked at
+    with pytest.raises(ImageConversionError, match="image 20x10 = 200 px exceeds max_image_pixels 199"):
+        raw_to_rgb(None, 10, 20, "mono8", 20, ImageLimits(max_pixels=199))
+    small = _rgb(10, 20)
+    np.testing.assert_array_equal(raw_to_rgb(small.tobytes(), 10, 20, "rgb8", 60, ImageLimits(max_pixels=200)), small)
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("height", "5", "image height must be an unsigned integer, got '5'"),
+    ("width", 7.0, "image width must be an unsigned integer, got 7.0"),
+    ("step", None, "image step must be an unsigned integer, got None"),
+    ("encoding", None, "unsupported image encoding None"),
+    ("data", "text", "image data must be bytes, got str"),
+])
+def test_raw_fields_of_the_wrong_type_are_typed_errors(field, value, fragment):
+    fields = dict(data=b"\0" * 105, height=5, width=7, encoding="rgb8", step=21)
+    fields[field] = value
+    with pytest.raises(ImageConversionError, match=re.escape(fragment)):
+        image_msg_to_rgb(SimpleNamespace(**fields))
+
+
+def test_a_megabyte_encoding_or_format_string_gives_a_short_error_message():
+    with pytest.raises(ImageConversionError) as raw:
+        raw_to_rgb(b"", 1, 1, "x" * 1_000_000, 3)
+    with pytest.raises(ImageConversionError) as compressed:
+        compressed_msg_to_rgb(SimpleNamespace(format="y" * 1_000_000, data=b"garbage"))
+    assert "(1000000 characters)" in str(raw.value) and len(str(raw.value)) < 200
+    assert "(1000000 characters)" in str(compressed.value) and len(str(compressed.value)) < 250
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(max_bytes=0), "max_bytes must be an integer in >= 1, got 0"),
+    (dict(max_side=MAX_SIDE_PX + 1), f"max_side must be an integer in 1..{MAX_SIDE_PX}"),
+    (dict(max_pixels=MAX_PIXELS + 1), f"max_pixels must be an integer in 1..{MAX_PIXELS}"),
+    (dict(max_side=True), "max_side must be an integer"),
+])
+def test_image_limits_outside_their_range_are_refused(kwargs, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        ImageLimits(**kwargs)

@@ -5,6 +5,11 @@ set around it: from every other camera the frame closest in time, accepted when 
 the set's stamps is within `slop_s`. Sets only move forward in time; frames older than the last
 emitted set, or pushed out of the history unmatched, are counted as `unmatched`.
 With one camera every frame is a set.
+
+A frame more than `max_jump_back_s` (by default 1 s, or twice the slop if larger) older than its
+camera's last used frame is not a late frame but a clock that jumped back (a bag replayed in a
+loop, a restarted simulator, or one frame stamped far in the future before it): the matcher starts
+afresh from it (`resets`) instead of discarding every frame until the stamps catch up again.
 """
 from __future__ import annotations
 
@@ -42,26 +47,35 @@ class FrameSet:
 class ApproximateTimeSync:
     """Matches `num_cameras` streams whose stamps lie within `slop_s` of each other. Thread-safe."""
 
-    def __init__(self, num_cameras: int, slop_s: float, history: int = 4):
+    def __init__(self, num_cameras: int, slop_s: float, history: int = 4, max_jump_back_s: Optional[float] = None):
         if num_cameras < 1:
             raise ValueError(f"num_cameras must be >= 1, got {num_cameras}")
         if not slop_s >= 0.0:
             raise ValueError(f"slop_s must be >= 0 seconds, got {slop_s}")
         if history < 1:
             raise ValueError(f"history must be >= 1, got {history}")
+        if max_jump_back_s is None:
+            max_jump_back_s = max(1.0, 2.0 * slop_s)
+        if not max_jump_back_s > slop_s:
+            raise ValueError(f"max_jump_back_s must be > slop_s ({slop_s} s), got {max_jump_back_s}")
         self.num_cameras = num_cameras
         self.slop_ns = int(round(slop_s * 1e9))
         self._queues: list[deque[StampedFrame]] = [deque() for _ in range(num_cameras)]
         self._history = history
         self._last_used_ns = [-1] * num_cameras
         self._lock = threading.Lock()
+        self._max_jump_back_ns = int(round(max_jump_back_s * 1e9))
         self.unmatched = 0
+        self.resets = 0
 
     def add(self, camera: int, frame: StampedFrame) -> Optional[FrameSet]:
         """Add a frame from camera index `camera`; return the newest complete set it completes, if any."""
         if not 0 <= camera < self.num_cameras:
             raise ValueError(f"camera index {camera} out of range 0..{self.num_cameras - 1}")
         with self._lock:
+            if frame.stamp_ns < self._last_used_ns[camera] - self._max_jump_back_ns:
+                self._clear()  # the clock jumped back: start afresh from this frame
+                self.resets += 1
             if frame.stamp_ns <= self._last_used_ns[camera]:
                 self.unmatched += 1  # older than a set already emitted: can never be used
                 return None
@@ -99,6 +113,9 @@ class ApproximateTimeSync:
 
     def reset(self) -> None:
         with self._lock:
-            for q in self._queues:
-                q.clear()
-            self._last_used_ns = [-1] * self.num_cameras
+            self._clear()
+
+    def _clear(self) -> None:
+        for q in self._queues:
+            q.clear()
+        self._last_used_ns = [-1] * self.num_cameras

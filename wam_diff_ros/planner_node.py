@@ -41,14 +41,16 @@ from builtin_interfaces.msg import Time
 from visualization_msgs.msg import MarkerArray
 
 from wam_diff_core.console import console_main
+from wam_diff_core.errors import WamDiffError
 from wam_diff_core.constants import (ATTENTION_BACKENDS, NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, SCHEDULES, SHIPPED_MODEL,
                                      STRATEGIES, TASKS, TEXT_LAYERS)
-from wam_diff_core.types import EgoState, Plan, check_command, check_route_target
+from wam_diff_core.types import EgoState, Plan, check_command
 from wam_diff_msgs.msg import Detection2DArray, DrivingAnswer, Trajectory
 from wam_diff_msgs.srv import AskQuestion
 
 from .camera_sync import ApproximateTimeSync, FrameSet, StampedFrame
-from .image_conversion import ImageConversionError, compressed_msg_to_rgb, image_msg_to_rgb
+from .image_conversion import MAX_PIXELS, MAX_SIDE_PX, ImageLimits, compressed_msg_to_rgb, image_msg_to_rgb
+from .input_checks import command_text, odometry_sample, question_text, route_target, stamp_ns
 from .plan_messages import (detections_msg, diagnostics_msg, marker_array_msg, path_msg, trajectory_msg)
 from .planner_stats import PlannerStats
 from .planning_worker import PlanningWorker
@@ -83,6 +85,13 @@ PARAMETERS = {
     "tasks": (["planning"], f"tasks run on every frame set, subset of {list(PLAN_TASKS)}"),
     "camera_topics": (["/camera/image_raw"], "camera topics in prompt order; '/compressed' suffix = CompressedImage"),
     "image_reliability": ("best_effort", "camera QoS reliability: best_effort or reliable (depth is always 1)"),
+    "max_image_bytes": (ImageLimits.max_bytes, "largest CompressedImage accepted, bytes; a larger one is rejected "
+                                               "before decoding"),
+    "max_image_side": (ImageLimits.max_side, f"largest width or height of a camera frame, pixels (1..{MAX_SIDE_PX}); "
+                                             f"checked from a raw Image's fields or a compressed image's header, "
+                                             f"before decoding"),
+    "max_image_pixels": (ImageLimits.max_pixels, f"largest width x height of a camera frame (1..{MAX_PIXELS}, "
+                                                 f"Pillow's decompression-bomb threshold); checked before decoding"),
     "sync_slop_s": (0.05, "largest stamp spread accepted between matched cameras, seconds"),
     "odometry_topic": ("/odom", "nav_msgs/Odometry of the ego vehicle (twist in the ego frame)"),
     "command_topic": ("command", "std_msgs/String navigation command"),
@@ -139,10 +148,6 @@ def load_policy(settings: PolicySettings):
         schedule=s.commit_schedule or None, forward_only={"on": True, "off": False}.get(s.forward_only),
         max_new_tokens=s.max_new_tokens or None, backend=s.attention_backend, cuda_graphs=s.cuda_graphs,
         kinematic_envelope=s.kinematic_envelope, text_layers=s.text_layers)
-
-
-def stamp_to_ns(stamp) -> int:
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
 def ns_to_stamp(ns: int) -> Time:
@@ -309,6 +314,7 @@ class PlannerNode(LifecycleNode):
         if p["image_reliability"] not in reliability:
             raise ValueError(f"image_reliability must be one of {list(reliability)}, got {p['image_reliability']!r}")
         p["image_reliability"] = reliability[p["image_reliability"]]
+        p["image_limits"] = ImageLimits(p["max_image_bytes"], p["max_image_side"], p["max_image_pixels"])
         p["default_command"] = check_command(p["default_command"])
         for name in ("block_size", "denoising_steps"):
             if int(p[name]) < 0:
@@ -341,6 +347,17 @@ class PlannerNode(LifecycleNode):
         return p
 
     # ------------------------------------------------------------------ inputs (executor threads)
+    # Each input is checked before anything uses it (image_conversion.py, input_checks.py). A rejected message is
+    # counted and reported as an ERROR; so is anything else a callback raises, which would otherwise end the
+    # executor's spin and with it the node.
+
+    def _reject(self, counter: str, what: str, exc: Exception) -> str:
+        """Count a rejected input in `counter`, report it as an ERROR; returns the text."""
+        self.stats.count(counter)
+        reason = str(exc) if isinstance(exc, WamDiffError) else f"{type(exc).__name__}: {str(exc)[:200]}"
+        text = f"rejected {what}: {reason}"
+        self._report_error(text)
+        return text
 
     def _on_image(self, msg, camera: int, compressed: bool) -> None:
         received = time.monotonic()
@@ -349,14 +366,16 @@ class PlannerNode(LifecycleNode):
         if worker is None or sync is None:
             return
         try:
-            rgb = compressed_msg_to_rgb(msg) if compressed else image_msg_to_rgb(msg)
-        except ImageConversionError as exc:
-            self.stats.count("frames_rejected")
-            self._report_error(f"rejected frame on {self._cfg['camera_topics'][camera]}: {exc}")
+            stamp = stamp_ns(msg.header.stamp, "image")
+            limits = self._cfg["image_limits"]
+            rgb = compressed_msg_to_rgb(msg, limits) if compressed else image_msg_to_rgb(msg, limits)
+        except Exception as exc:  # noqa: BLE001 - see above
+            self._reject("frames_rejected", f"frame on {self._cfg['camera_topics'][camera]}", exc)
             return
         self._check_frame_size(rgb, camera)
-        frame_set = sync.add(camera, StampedFrame(stamp_to_ns(msg.header.stamp), rgb, msg.header.frame_id))
+        frame_set = sync.add(camera, StampedFrame(stamp, rgb, msg.header.frame_id))
         self.stats.set_count("frames_unmatched", sync.unmatched)
+        self.stats.set_count("sync_resets", sync.resets)
         if frame_set is None:
             return
         self._latest = (frame_set, received)
@@ -379,40 +398,32 @@ class PlannerNode(LifecycleNode):
                 f"on {t[0]}x{t[1]} frames")
 
     def _on_odometry(self, msg: Odometry) -> None:
-        t = stamp_to_ns(msg.header.stamp) * 1e-9
-        twist = msg.twist.twist
-        vx, vy, wz = float(twist.linear.x), float(twist.linear.y), float(twist.angular.z)
-        with self._odom_lock:
-            ax = ay = 0.0
-            if self._last_odom is not None:
-                dt = t - self._last_odom[0]
-                if 1e-3 < dt < 1.0:  # finite differences only between close, ordered samples
-                    ax, ay = (vx - self._last_odom[1]) / dt, (vy - self._last_odom[2]) / dt
-            try:
-                self._ego = EgoState(vx, vy, ax, ay, wz)
-            except ValueError as exc:
-                self._report_error(f"rejected odometry: {exc}")
-                return
-            self._last_odom = (t, vx, vy)
-            self._odom_seen = True
+        try:
+            sample = odometry_sample(msg)
+            t, vx, vy = sample.stamp_ns * 1e-9, sample.vx, sample.vy
+            with self._odom_lock:
+                ax = ay = 0.0
+                if self._last_odom is not None:
+                    dt = t - self._last_odom[0]
+                    if 1e-3 < dt < 1.0:  # finite differences only between close, ordered samples
+                        ax, ay = (vx - self._last_odom[1]) / dt, (vy - self._last_odom[2]) / dt
+                self._ego = EgoState(vx, vy, ax, ay, sample.yaw_rate)
+                self._last_odom = (t, vx, vy)
+                self._odom_seen = True
+        except Exception as exc:  # noqa: BLE001 - see above
+            self._reject("odometry_rejected", f"odometry on {self._cfg['odometry_topic']}", exc)
 
     def _on_command(self, msg: String) -> None:
         try:
-            self._command = check_command(msg.data)
-        except ValueError as exc:
-            self._report_error(f"rejected command: {exc}")
+            self._command = command_text(msg.data)
+        except Exception as exc:  # noqa: BLE001 - see above
+            self._reject("commands_rejected", f"command on {self._cfg['command_topic']}", exc)
 
     def _on_route_target(self, msg: PointStamped) -> None:
-        frame_id = self._cfg["base_frame_id"]
         try:
-            if msg.header.frame_id != frame_id:
-                raise ValueError(f"frame_id {msg.header.frame_id!r}, expected the ego frame {frame_id!r}")
-            target = check_route_target((msg.point.x, msg.point.y))
-        except ValueError as exc:
-            self.stats.count("route_targets_rejected")
-            self._report_error(f"rejected route target on {self._cfg['route_target_topic']}: {exc}")
-            return
-        self._route_target = (stamp_to_ns(msg.header.stamp), target)
+            self._route_target = route_target(msg, self._cfg["base_frame_id"])
+        except Exception as exc:  # noqa: BLE001 - see above
+            self._reject("route_targets_rejected", f"route target on {self._cfg['route_target_topic']}", exc)
 
     def _target_for(self, stamp_ns: int) -> Optional[tuple[float, float]]:
         """The newest route target when its stamp is within route_target_max_age_s of `stamp_ns`, else None
@@ -428,12 +439,17 @@ class PlannerNode(LifecycleNode):
         if worker is None:
             response.success, response.message = False, "planner is not active (activate it first)"
             return response
+        try:
+            question = question_text(request.question)
+        except Exception as exc:  # noqa: BLE001 - see the inputs above
+            response.success, response.message = False, self._reject("questions_rejected", "question", exc)
+            return response
         if latest is None:
             response.success, response.message = False, "no camera frame set received yet"
             return response
         frame_set = latest[0]
         try:
-            answer, latency_s = worker.ask((request.question, frame_set)).result(timeout=self._cfg["ask_timeout_s"])
+            answer, latency_s = worker.ask((question, frame_set)).result(timeout=self._cfg["ask_timeout_s"])
         except Exception as exc:  # noqa: BLE001 - bad question, model failure or timeout -> a failed response
             response.success, response.message = False, f"{type(exc).__name__}: {exc}"
             return response

@@ -17,7 +17,9 @@ class PlannerStats:
                 "plans_published", "plans_invalid", "plan_errors", "questions_answered",
                 "frames_off_size",  # camera frames of another size than the model was trained on
                 "plans_with_route_target",  # published plans whose policy call was given a route target point
-                "route_targets_rejected")  # route target messages in another frame or with non-finite x, y
+                "route_targets_rejected",  # route target messages in another frame or with non-finite x, y
+                "odometry_rejected", "commands_rejected", "questions_rejected",  # input_checks.py refused them
+                "sync_resets")  # camera stamps that jumped back (a looped bag, a restarted simulator)
 
     def __init__(self, window: int = 200):
         self._lock = threading.Lock()
