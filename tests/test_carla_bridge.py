@@ -55,6 +55,58 @@ def test_hung_server_fails_within_the_client_timeout():
     assert 1.4 < elapsed < 15.0
 
 
+def _bridge(port: int, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "wam_diff_ros.carla_bridge_node", "--host", "127.0.0.1",
+                          "--port", str(port), *extra], capture_output=True, text=True, timeout=60)
+    return res, time.monotonic() - start
+
+
+def test_no_server_with_the_default_10_s_timeout_is_one_line_at_once():
+    """A refused port does not wait for the client timeout (10 s, config/carla_bridge.yaml): 0.3 s measured."""
+    port = free_port()
+    res, elapsed = _bridge(port)
+    assert res.returncode == 2 and elapsed < 5.0, (res.returncode, elapsed, res.stderr)
+    assert res.stderr.splitlines() == [res.stderr.strip()] and res.stderr.startswith("wam-diff-carla-bridge: error: ")
+    assert f"no CARLA server at 127.0.0.1:{port} (Connection refused; client timeout 10 s)" in res.stderr
+
+
+def test_hung_server_through_the_bridge_is_one_line_after_the_timeout():
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        res, elapsed = _bridge(port, "--timeout", "1")
+    assert res.returncode == 2 and 1.0 < elapsed < 15.0, (res.returncode, elapsed, res.stderr)
+    assert res.stderr.splitlines() == [res.stderr.strip()] and "Traceback" not in res.stderr
+    assert f"no CARLA server answered at 127.0.0.1:{port} within the 1 s client timeout" in res.stderr
+
+
+def test_unanswered_tcp_connect_fails_at_the_client_timeout():
+    """A host that never answers the TCP handshake (here: a listener whose backlog is full, so the kernel drops
+    the SYN) fails in the TCP probe after the timeout, before the CARLA client library is touched."""
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        waiting = []
+        for _ in range(4):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            waiting.append(s)
+        time.sleep(0.2)
+        start = time.monotonic()
+        try:
+            with pytest.raises(CarlaConnectionError, match=rf"127\.0\.0\.1:{port} \(timed out; client timeout 1 s\)"):
+                connect("127.0.0.1", port, 1.0)
+        finally:
+            for s in waiting:
+                s.close()
+        elapsed = time.monotonic() - start
+    assert 0.9 < elapsed < 5.0
+
+
 # ------------------------------------------------------------------ session with a fake world
 
 class FakeActor:

@@ -2,10 +2,12 @@
 
 Starts `wam_diff_ros.planner_node` as its own process (as deployed), publishes camera frames at
 a fixed rate and records, per Trajectory received, the wall time since its frame was published.
-Prints a table and writes JSON: latency p50/p95/max, frames planned and dropped, the node's CPU
-use and RSS (from /proc) at the start and end of the run. With --frames 10000 it is the soak test.
+Prints a table and writes JSON: latency p50/p95/max, plans per second, frames planned, dropped by
+the node and lost in transport, the node's CPU use and its RSS (from /proc) when active, after the
+first --warmup-frames frames and at the end, with the growth from warm-up to the end in %.
+With --frames 10000 it is the soak test (about 17 minutes at 10 Hz):
 
-    python -m wam_diff_ros.latency_probe --model nano --rate 10 --frames 300 --out runs/ros_latency.json
+    wam-diff-ros-latency --frames 10000 --out runs/ros_soak.json
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from wam_diff_core.console import console_main
 from wam_diff_core.constants import SHIPPED_MODEL
@@ -47,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rate", type=float, default=10.0, help="camera rate, Hz")
     parser.add_argument("--frames", type=int, default=300, help="frames to publish")
+    parser.add_argument("--warmup-frames", type=int, default=100,
+                        help="frames after which the node's RSS is the warm-up figure that growth is measured from")
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--block-size", type=int, default=32)
@@ -174,8 +179,10 @@ class Probe:
                 raise TimeoutError("planner never connected (camera subscription / trajectory publisher)")
             time.sleep(0.05)
 
-    def publish_frames(self, args: argparse.Namespace, published: dict[int, float]) -> float:
-        """`args.frames` rgb8 frames at `args.rate` Hz, each stamp noted in `published`; the seconds it took."""
+    def publish_frames(self, args: argparse.Namespace, published: dict[int, float],
+                       after_frame: Callable[[int], None] = lambda n: None) -> float:
+        """`args.frames` rgb8 frames at `args.rate` Hz, each stamp noted in `published` and `after_frame(n)` called
+        with the count sent so far; the seconds it took."""
         from sensor_msgs.msg import Image
         from std_msgs.msg import Header
 
@@ -187,7 +194,7 @@ class Probe:
         period = 1.0 / args.rate
         t0 = time.perf_counter()
         wall0 = time.time()
-        for i in range(args.frames):
+        for i in tqdm(range(args.frames), desc="frames", unit="frame", mininterval=5.0, disable=None):
             target = t0 + i * period
             while (delay := target - time.perf_counter()) > 0:
                 time.sleep(delay)
@@ -197,6 +204,7 @@ class Probe:
             msg = Image(header=header, height=args.height, width=args.width, encoding="rgb8", step=step, data=data)
             published[stamp_ns] = time.perf_counter()
             self.camera.publish(msg)
+            after_frame(i + 1)
         return time.perf_counter() - t0
 
     def close(self) -> None:
@@ -205,9 +213,24 @@ class Probe:
         self.rclpy.try_shutdown()
 
 
+def rss_marks(frames: int, warmup_frames: int) -> set[int]:
+    """Frame counts after which the planner's RSS is sampled: the warm-up point and 20 more, evenly spaced."""
+    step = max(1, frames // 20)
+    return {warmup_frames} | set(range(step, frames + 1, step))
+
+
+def rss_record(start_mib: float, samples: list[tuple[int, float]], warmup_frames: int, end_mib: float) -> dict:
+    """The planner's RSS in MiB: when active, after `warmup_frames` frames, at the end, the growth from warm-up to
+    the end in %, and every (frames sent, MiB) sample."""
+    warm = dict(samples).get(warmup_frames, float("nan"))
+    return {"start": start_mib, "after_warmup": warm, "end": end_mib, "growth_pct": 100.0 * (end_mib - warm) / warm,
+            "warmup_frames": warmup_frames, "samples": [[n, mib] for n, mib in samples]}
+
+
 def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_s: float,
-                   start: tuple[float, float], end: tuple[float, float]) -> dict:
-    """The JSON record of one run; `start` and `end` are the planner's (CPU seconds, RSS MiB)."""
+                   start: tuple[float, float], end: tuple[float, float], rss_samples: list[tuple[int, float]]) -> dict:
+    """The JSON record of one run; `start` and `end` are the planner's (CPU seconds, RSS MiB), `rss_samples` its
+    (frames sent, RSS MiB) during the run."""
     lat = np.array(rec.latencies) * 1e3
     diag = rec.last_diag
     return {
@@ -224,7 +247,7 @@ def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_
         "decode_ms_p50": float(np.percentile(rec.decode_s, 50) * 1e3) if rec.decode_s else None,
         "plans_per_s": len(rec.latencies) / send_s,
         "planner_cpu_pct": 100.0 * (end[0] - start[0]) / send_s,
-        "planner_rss_mib": {"start": start[1], "end": end[1]},
+        "planner_rss_mib": rss_record(start[1], rss_samples, args.warmup_frames, end[1]),
         "model_load_s": load_s, "publish_s": send_s, "cpus": os.cpu_count(),
         "node_diagnostics": diag,
     }
@@ -235,25 +258,38 @@ def measure(args: argparse.Namespace, planner: Planner, probe: Probe, rec: Recor
     load_s = planner.wait_active(args.load_timeout)
     probe.wait_connected()
     start = planner.usage()
-    send_s = probe.publish_frames(args, rec.published)
+    marks, samples = rss_marks(args.frames, args.warmup_frames), []
+
+    def after_frame(n: int) -> None:
+        if n in marks:
+            samples.append((n, planner.usage()[1]))
+
+    send_s = probe.publish_frames(args, rec.published, after_frame)
     rec.wait_for_last_plans()
-    return latency_result(args, rec, load_s, send_s, start, planner.usage())
+    return latency_result(args, rec, load_s, send_s, start, planner.usage(), samples)
 
 
 def print_table(args: argparse.Namespace, result: dict) -> None:
-    lat = result["latency_ms"] or {}
-    print(f"{'model':<10}{'image':<16}{'cam Hz':>7}{'frames':>7}{'plans':>7}{'node drop':>10}{'lost':>6}"
-          f"{'p50 ms':>9}{'p95 ms':>9}{'CPU %':>7}{'RSS MiB start/end':>20}")
-    print(f"{args.model:<10}{result['image']:<16}{args.rate:>7.1f}{args.frames:>7}{result['plans_received']:>7}"
-          f"{str(result['frames_dropped_by_node']):>10}{str(result['frames_lost_in_transport']):>6}"
-          f"{lat.get('p50', float('nan')):>9.0f}{lat.get('p95', float('nan')):>9.0f}"
-          f"{result['planner_cpu_pct']:>7.0f}{result['planner_rss_mib']['start']:>10.0f}/"
-          f"{result['planner_rss_mib']['end']:.0f}")
+    lat, rss = result["latency_ms"] or {}, result["planner_rss_mib"]
+    rss_text = f"{rss['start']:.0f}/{rss['after_warmup']:.0f}/{rss['end']:.0f}"
+    print(f"{'model':<12}{'image':<16}{'cam Hz':>7}{'frames':>7}{'plans':>7}{'plans/s':>8}{'node drop':>10}{'lost':>6}"
+          f"{'p50 ms':>8}{'p95 ms':>8}{'CPU %':>6}{'RSS MiB start/warm/end':>24}{'RSS growth':>11}")
+    print(f"{args.model:<12}{result['image']:<16}{args.rate:>7.1f}{args.frames:>7}{result['plans_received']:>7}"
+          f"{result['plans_per_s']:>8.2f}{str(result['frames_dropped_by_node']):>10}"
+          f"{str(result['frames_lost_in_transport']):>6}{lat.get('p50', float('nan')):>8.0f}"
+          f"{lat.get('p95', float('nan')):>8.0f}{result['planner_cpu_pct']:>6.0f}{rss_text:>24}"
+          f"{rss['growth_pct']:>+10.1f}%")
+    print(f"RSS: when active, after {rss['warmup_frames']} frames (warm), at the end; growth from warm to end")
 
 
 @console_main("wam-diff-ros-latency")
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.frames < 1 or args.rate <= 0 or args.warmup_frames < 1:
+        parser.error(f"--frames and --warmup-frames must be >= 1 and --rate > 0, got {args.frames}, "
+                     f"{args.warmup_frames}, {args.rate}")
+    args.warmup_frames = min(args.warmup_frames, args.frames)
     domain = random.Random(os.getpid()).randrange(1, 200)
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     os.environ["ROS_DOMAIN_ID"] = str(domain)
