@@ -16,6 +16,7 @@ import yaml
 from wam_diff_core.constants import TRAJECTORY_FORMATS
 from wam_diff_core.errors import WamDiffError
 from wam_diff_core.model.settings import check_route_target_scenarios
+from wam_diff_core.plain_yaml import yaml_problem
 
 from .perception import OCCUPANCY_CELLS
 
@@ -223,7 +224,7 @@ def _apply_file(cfg: Config, path: Path, chain: tuple = ()) -> None:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+        raise ConfigError(f"{path}: {yaml_problem(exc)}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     base = raw.pop(BASE_KEY, None)
@@ -251,7 +252,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         try:
             value = yaml.safe_load(text) if text.strip() else None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from exc
+            raise ConfigError(f"override {item!r}: {yaml_problem(exc)}") from exc
         set_key(cfg, key.strip(), value)
     validate(cfg)
     return cfg

@@ -35,6 +35,7 @@ import yaml
 
 from wam_diff_core.constants import FRAME_SIZE, REPLAN_EVERY, TASKS
 from wam_diff_core.errors import WamDiffError
+from wam_diff_core.plain_yaml import yaml_problem
 from wam_diff_core.constants import STRATEGIES
 from wam_diff_core.policy import TASK_BUDGET
 from wam_diff_core.sim.policies import BASELINES
@@ -305,7 +306,7 @@ def _read_raw(path: Path, chain: tuple = ()) -> dict:
         via = f" (the base of {chain[-1]})" if chain else ""
         raise SpecError(f"cannot read report spec {path}{via}: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({exc})") from exc
+        raise SpecError(f"{path}: {yaml_problem(exc)}") from exc
     if not isinstance(raw, dict):
         return raw
     base = raw.pop(BASE_KEY, None)

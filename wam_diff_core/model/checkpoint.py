@@ -1,7 +1,9 @@
 """Loading and saving checkpoints: a local Hugging Face Qwen3-VL directory plus `wam_diff.json`.
 
 Loading is from a local path only (`local_files_only`), safetensors only (a pickle checkpoint is
-refused), never remote code. A missing or corrupt file raises an error that names the file.
+refused, never unpickled), never remote code (an `auto_map` naming code to import is refused), and
+only files inside the directory (a weight map naming a file elsewhere is refused). A missing or
+corrupt file raises an error that names the file.
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ from .tokenizer import nano_image_processor, train_nano_tokenizer
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")  # torch.save / pickle formats
+# the JSON files transformers reads when loading; an `auto_map` in any of them names code to import
+AUTO_MAP_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # The id a stock Qwen3-VL tokenizer gives the added mask token: the first spare embedding row.
@@ -67,18 +72,32 @@ def _read_json(path: Path) -> dict:
         raise CheckpointError(f"corrupt checkpoint file {path}: not valid JSON ({exc})") from exc
 
 
+def _indexed_files(path: Path) -> list[Path]:
+    """The shards `model.safetensors.index.json` names: safetensors files inside `path`, nothing else."""
+    index = _read_json(path / SAFETENSORS_INDEX)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+    if not names:
+        raise CheckpointError(f"corrupt checkpoint file {path / SAFETENSORS_INDEX}: empty weight_map")
+    for name in names:
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") \
+                or not name.endswith(".safetensors"):
+            raise CheckpointError(f"{path / SAFETENSORS_INDEX}: weight_map names {name!r}; expected the file name "
+                                  f"of a .safetensors shard in the same directory")
+    return [path / name for name in names]
+
+
 def _weight_files(path: Path) -> list[Path]:
     if (path / SAFETENSORS_INDEX).is_file():
-        index = _read_json(path / SAFETENSORS_INDEX)
-        files = sorted({path / f for f in index.get("weight_map", {}).values()})
-        if not files:
-            raise CheckpointError(f"corrupt checkpoint file {path / SAFETENSORS_INDEX}: empty weight_map")
+        files = _indexed_files(path)
     elif (path / SAFETENSORS_FILE).is_file():
         files = [path / SAFETENSORS_FILE]
     else:
-        pickles = [name for name in PICKLE_FILES if (path / name).exists()]
+        pickles = [path / name for name in PICKLE_FILES if (path / name).exists()]
+        pickles += sorted(f for f in path.iterdir() if f.suffix in PICKLE_SUFFIXES and f not in pickles)
         if pickles:
-            raise CheckpointError(f"{path / pickles[0]}: pickle checkpoints are refused; convert to {SAFETENSORS_FILE}")
+            raise CheckpointError(f"{pickles[0]}: pickle checkpoints are refused (never unpickled); convert to "
+                                  f"{SAFETENSORS_FILE}")
         raise CheckpointError(f"missing checkpoint file: {path / SAFETENSORS_FILE}")
     for f in files:
         if not f.is_file():
@@ -93,14 +112,27 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
+def _refuse_remote_code(path: Path) -> None:
+    """An `auto_map` names Python code in (or downloaded for) the checkpoint that transformers would import with
+    trust_remote_code; this loader never sets it, and refuses such a directory rather than ignore the key."""
+    for name in AUTO_MAP_FILES:
+        if (path / name).is_file():
+            data = _read_json(path / name)
+            if isinstance(data, dict) and "auto_map" in data:
+                raise CheckpointError(f"{path / name}: 'auto_map' names code to import ({data['auto_map']!r}); "
+                                      f"checkpoints never run their own code here: remove the key")
+
+
 def check_checkpoint(path: str | Path) -> Path:
     """Validate a checkpoint directory's files before loading; returns the path."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(_not_found(path))
+    _refuse_remote_code(path)
     config = _read_json(path / "config.json")
-    if config.get("model_type") not in ("qwen3_vl",):
-        raise CheckpointError(f"{path / 'config.json'}: model_type {config.get('model_type')!r}, expected 'qwen3_vl'")
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in ("qwen3_vl",):
+        raise CheckpointError(f"{path / 'config.json'}: model_type {model_type!r}, expected 'qwen3_vl'")
     _weight_files(path)
     for name in TOKENIZER_FILES:
         if not (path / name).is_file():

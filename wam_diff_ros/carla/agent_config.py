@@ -15,6 +15,7 @@ import yaml
 from wam_diff_core.control import ControllerConfig
 from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
 from wam_diff_core.errors import WamDiffError
+from wam_diff_core.plain_yaml import yaml_problem
 
 from .route_planner import RoutePlannerConfig
 
@@ -165,6 +166,8 @@ class AgentConfig:
         path = Path(path)
         if not path.is_file():
             raise AgentConfigError(f"agent config {path} does not exist")
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise AgentConfigError(f"agent config {path}: {yaml_problem(exc)}") from None
         return cls.from_dict(data or {}, str(path))
