@@ -24,10 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from wam_diff_core.console import one_line
 from safetensors import safe_open
 
+from wam_diff_core.console import one_line
 from wam_diff_core.model.checkpoint import CheckpointError, load, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,14 +163,17 @@ def test_carla_agent_config_refuses_a_python_tag_in_one_line(tmp_path):
     assert not marker.exists()
 
 
-def test_carla_bridge_config_refuses_a_python_tag_without_running_it(tmp_path):
+def test_carla_bridge_config_refuses_a_python_tag_in_one_line_without_running_it(tmp_path, capsys):
     pytest.importorskip("rclpy", reason="ROS 2 wheels (requirements-ros.txt) not installed")
-    from wam_diff_ros.carla_bridge_node import BridgeConfig
+    from wam_diff_ros.carla_bridge_node import BridgeConfig, main
 
     marker, path = tmp_path / "ran", tmp_path / "bridge.yaml"
     path.write_text(yaml_payload(marker))
-    with pytest.raises(yaml.YAMLError, match="python/object/apply:builtins.open"):
+    with pytest.raises(ValueError, match=r"tag !!python/object/apply:builtins.open on line 1 is refused"):
         BridgeConfig.load(path)
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"wam-diff-carla-bridge: error: bridge config {path}: tag !!python") and err.count("\n") == 1
     assert not marker.exists()
 
 
@@ -232,6 +234,34 @@ def test_a_weight_map_naming_a_pickle_or_a_file_elsewhere_is_refused_before_open
     assert str(info.value) == (f"{path / 'model.safetensors.index.json'}: weight_map names {shard!r}; expected the "
                                f"file name of a .safetensors shard in the same directory")
     assert not marker.exists() and opened == []
+
+
+def test_a_resume_state_holding_a_pickled_object_is_refused_and_never_run(tmp_path):
+    import torch
+
+    from training.state import STATE_FILE, ResumeStateError, load_resume
+
+    marker = tmp_path / "ran"
+    torch.save({"step": 3, "extra": _Touch(marker)}, tmp_path / STATE_FILE)
+    with pytest.raises(ResumeStateError) as info:
+        load_resume(tmp_path)
+    assert str(info.value).startswith(f"resume state {tmp_path / STATE_FILE} holds objects other than tensors")
+    assert "\n" not in str(info.value)
+    assert not marker.exists()
+
+
+def test_a_resume_state_round_trips_the_rng_states_as_tensors_and_plain_values(tmp_path):
+    import random
+
+    import torch
+
+    from training.state import STATE_FILE, load_resume, rng_state, set_rng_state
+
+    torch.save({"step": 7, "rng": rng_state()}, tmp_path / STATE_FILE)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(load_resume(tmp_path)["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
 
 
 # ------------------------------------------------------------------ 3. no remote code

@@ -36,6 +36,7 @@ from typing import Optional
 import yaml
 
 from wam_diff_core.errors import WamDiffError
+from wam_diff_core.plain_yaml import yaml_problem
 
 from .config import ConfigError
 from .provenance import output_record
@@ -74,7 +75,7 @@ def load_recipe(path: str | Path, _including: tuple[Path, ...] = ()) -> Recipe:
     except FileNotFoundError:
         raise ConfigError(f"recipe {path}: no such file") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"recipe {path}: not valid YAML ({exc})") from None
+        raise ConfigError(f"recipe {path}: {yaml_problem(exc)}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("steps"), list) or not raw["steps"]:
         raise ConfigError(f"recipe {path}: expected a mapping with 'name', 'out' and a non-empty 'steps' list")
     unknown = set(raw) - {"name", "out", "steps", "include"}

@@ -1,11 +1,13 @@
 """Resumable training checkpoints: the model as a Hugging Face directory plus the trainer state.
 
 Layout of a resume point `<stage>/resume/`: `model/` (safetensors, processor, wam_diff.json) and
-`trainer_state.pt` (optimizer, scheduler, step, RNG states). The whole directory is written to a
+`trainer_state.pt` (optimizer, scheduler, step, RNG states: tensors and plain values only, read with
+`torch.load(weights_only=True)`, so loading one never runs code). The whole directory is written to a
 temporary sibling first and renamed into place, so a crash mid-write leaves the previous point intact.
 """
 from __future__ import annotations
 
+import pickle
 import random
 from pathlib import Path
 from typing import Any, Optional
@@ -13,6 +15,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from wam_diff_core.console import one_line
+from wam_diff_core.errors import WamDiffError
 from wam_diff_core.model.atomic import atomic_directory
 from wam_diff_core.model.checkpoint import LoadedModel, save_model
 
@@ -20,8 +24,24 @@ STATE_FILE = "trainer_state.pt"
 MODEL_DIR = "model"
 
 
+class ResumeStateError(WamDiffError, ValueError):
+    """A resume point whose trainer state is not tensors and plain values."""
+
+
+def _numpy_state() -> tuple:
+    """numpy's global RNG state with its key array as a tensor, so the resume file holds only what
+    `torch.load(weights_only=True)` reads (no pickled numpy objects)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)
+
+
+def _set_numpy_state(state: tuple) -> None:
+    name, keys, pos, has_gauss, cached = state
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": _numpy_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -29,7 +49,7 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    _set_numpy_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -65,5 +85,8 @@ def load_resume(path: Path) -> dict:
     state_file = Path(path) / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"resume state not found: {state_file}")
-    # our own file (numpy RNG state needs the full unpickler); never load a resume point you did not write
-    return torch.load(state_file, map_location="cpu", weights_only=False)
+    try:  # tensors and plain Python values only: a resume state never runs code when it is read
+        return torch.load(state_file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ResumeStateError(f"resume state {state_file} holds objects other than tensors and plain values; "
+                               f"refused ({one_line(exc)[:200]}); start the stage again with --overwrite") from None

@@ -31,6 +31,7 @@ import yaml
 
 from wam_diff_core.console import console_main
 from wam_diff_core.control import Controller, ControllerConfig
+from wam_diff_core.plain_yaml import yaml_problem
 from wam_diff_core.types import check_command
 from wam_diff_ros.carla.agent_config import validate_sensors
 from wam_diff_ros.carla.frames import (carla_steer, carla_to_rh, carla_yaw_to_heading, ego_state_from_carla,
@@ -68,7 +69,10 @@ class BridgeConfig:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"bridge config {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"bridge config {path}: {yaml_problem(exc)}") from None
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         if unknown:
