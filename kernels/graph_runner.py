@@ -127,7 +127,7 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
         if st.banned is not None:
             logits = logits.masked_fill(st.banned, float("-inf"))
         x, masked = remask_step(logits, st.x, st.masked, bucket.strategy, bucket.threshold, K, s,
-                                bucket.temperature, generator, st.chains, bucket.schedule)
+                                bucket.temperature, generator, st.chains, bucket.schedule, exclude=mask_id)
         st.x.copy_(x)
         st.masked.copy_(masked)
     st.pend.copy_(st.x)

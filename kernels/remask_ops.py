@@ -29,13 +29,15 @@ def block_logits(prev_logits: torch.Tensor, block_logits_: Optional[torch.Tensor
 def remask_step(logits: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, strategy: str, threshold: float,
                 steps: int, step: int, temperature: float = 0.0,
                 generator: Optional[torch.Generator] = None,
-                chain_start: Optional[torch.Tensor] = None, schedule: str = "linear") -> tuple[torch.Tensor, torch.Tensor]:
+                chain_start: Optional[torch.Tensor] = None, schedule: str = "linear",
+                exclude: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Commit some masked positions of a block.
 
     logits: (batch, B, vocab); x: (batch, B) current tokens (mask id where masked); masked: (batch, B)
-    bool; chain_start: (batch, B) long or None (number order); schedule: `SCHEDULES`. Returns the new (x, masked). Positions
+    bool; chain_start: (batch, B) long or None (number order); schedule: `SCHEDULES`; exclude: a token id
+    never predicted (the mask id, as in the eager decoder). Returns the new (x, masked). Positions
     already committed never change.
     """
-    pred, conf = predict(logits, temperature, generator)
+    pred, conf = predict(logits, temperature, generator, exclude)
     commit = commit_mask(conf, masked, strategy, threshold, steps, step, chain_start, schedule)
     return torch.where(commit, pred, x), masked & ~commit

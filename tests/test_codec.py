@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from wam_diff_core.codec import (
+    MAX_TRAJECTORY_TEXT_CHARS,
     PARSE_ERROR_KINDS,
     ParseError,
     boxes_norm_to_px,
@@ -24,6 +25,8 @@ KNOWN = np.array(
 )
 KNOWN_TEXT = "1.20,-0.05,2.50,0.00,3.75,0.10,5.00,0.00,6.50,0.25,8.00,0.50,10.00,0.75,11.00,-1.00"
 SIZE = (640, 480)
+# KNOWN_TEXT with full-width digits (U+FF10..U+FF19): float() reads each of its numbers, "１．２０" it does not
+FULL_WIDTH_TEXT = KNOWN_TEXT.translate(str.maketrans("0123456789", "０１２３４５６７８９"))
 
 
 def _kind(result):
@@ -90,10 +93,45 @@ def test_format_trajectory_rejects_wrong_shape_and_nan():
         (KNOWN_TEXT + " and then", "not_a_number"),
         (KNOWN_TEXT.replace("11.00", "200.01"), "out_of_range"),
         (KNOWN_TEXT.replace("-1.00", "-250.00"), "out_of_range"),
+        (KNOWN_TEXT + ",abc", "wrong_count"),  # a 17th value ends the reading whatever it is
+        (KNOWN_TEXT + ",1.00,2.00", "wrong_count"),
+        (FULL_WIDTH_TEXT, "not_a_number"),
+        (KNOWN_TEXT.replace("3.75", "3.7\u0665"), "not_a_number"),  # an Arabic-Indic 5 in value 5
+        (KNOWN_TEXT.replace("-1.00", "\u22121.00"), "not_a_number"),  # the Unicode minus sign
+        ("1," * 500_000, "too_long"),  # 1 MB
+        (" " * 600 + KNOWN_TEXT, "too_long"),  # whitespace counts towards the 512 characters
     ],
 )
 def test_parse_trajectory_malformed_gives_kind(text, kind):
     assert _kind(parse_trajectory(text)) == kind
+
+
+def test_full_width_digits_float_reads_are_not_a_trajectory_and_the_message_names_the_character():
+    assert float(FULL_WIDTH_TEXT.split(",")[0]) == 1.2  # what a \d-based parser accepted
+    err = parse_trajectory(FULL_WIDTH_TEXT)
+    assert _kind(err) == "not_a_number"
+    assert "'１'" in err.message and "U+FF11" in err.message and "value 1 " in err.message
+
+
+def test_too_long_trajectory_is_rejected_from_a_bounded_prefix_and_a_valid_one_after_eos_junk_still_parses():
+    class Guarded(str):
+        """Records the slices taken; any whole-text scan (split, strip, find, ...) fails the test."""
+
+        slices = []
+
+        def __getitem__(self, key):
+            Guarded.slices.append(key)
+            return str.__getitem__(self, key)
+
+    for name in ("split", "strip", "lstrip", "rstrip", "find", "index", "count", "isascii", "encode", "__iter__",
+                 "__contains__", "partition"):
+        setattr(Guarded, name, lambda self, *a, _n=name: pytest.fail(f"the parser scanned the whole text ({_n})"))
+    assert _kind(parse_trajectory(Guarded("1," * 500_000))) == "too_long"
+    assert [(s.start, s.stop) for s in Guarded.slices] == [(None, MAX_TRAJECTORY_TEXT_CHARS + len(EOS_TOKEN))]
+    assert MAX_TRAJECTORY_TEXT_CHARS == 512
+    arr = parse_trajectory(KNOWN_TEXT + EOS_TOKEN + "1," * 500_000)
+    assert isinstance(arr, np.ndarray) and arr[7, 1] == pytest.approx(-1.0)
+    assert isinstance(parse_trajectory(" " * (512 - len(KNOWN_TEXT)) + KNOWN_TEXT), np.ndarray)  # exactly 512
 
 
 def test_parse_trajectory_accepts_200m_boundary():
@@ -179,7 +217,9 @@ def test_detections_round_trip_rounds_to_integer_scale():
         ('[{"bbox_2d": [1, 2, Infinity, 4], "label": "car"}]', "non_finite"),
         ('[{"bbox_2d": [1, 2, 1001, 4], "label": "car"}]', "out_of_range"),
         ('[{"bbox_2d": [-1, 2, 3, 4], "label": "car"}]', "out_of_range"),
-        ("[" * 100000, "bad_json"),  # nesting deep enough to blow the recursion limit
+        ("[" * 60000, "bad_json"),  # nesting deep enough to blow the recursion limit, under the length limit
+        ("[" + "1," * 40000 + "1]", "too_long"),  # more characters than any box list (MAX_DETECTION_TEXT_CHARS)
+        ('[{"bbox_2d": [１, 2, 3, 4], "label": "car"}]', "bad_json"),  # a full-width digit is no JSON number
     ],
 )
 def test_parse_detections_malformed_gives_kind(text, kind):

@@ -43,7 +43,8 @@ def test_block_size_one_reproduces_hf_greedy_generate_token_for_token(nano, runn
         if batch.pixel_values is not None:
             kwargs.update(pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw)
         with torch.inference_mode():
-            hf = reference.generate(**kwargs, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+            hf = reference.generate(**kwargs, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                    suppress_tokens=[nano.settings.mask_token_id])  # ours never predicts its mask
         hf_tokens = hf[0, batch.input_ids.shape[1]:].tolist()
         ours = _decode(runner, nano, batch, block_size=1, steps=1, ignore_eos=True)
         assert ours.token_ids[0] == hf_tokens
@@ -54,7 +55,8 @@ def test_block_size_one_reproduces_hf_greedy_generate_token_for_token(nano, runn
 def test_ar_decoder_equals_block_decoder_with_block_size_one_on_a_padded_batch(nano, runner, camera_image):
     batch = _batch(nano, camera_image, PROMPTS)
     assert not bool(batch.attention_mask.all())
-    ar = generate_ar(runner, batch, 24, nano.settings.eos_token_id, ignore_eos=True)
+    ar = generate_ar(runner, batch, 24, nano.settings.eos_token_id, ignore_eos=True,
+                     mask_id=nano.settings.mask_token_id)
     block = _decode(runner, nano, batch, block_size=1, steps=1, ignore_eos=True)
     assert ar.token_ids == block.token_ids
     assert ar.forwards == block.forwards == 24
@@ -199,3 +201,96 @@ def test_dynamic_decoding_stops_a_block_once_a_committed_eos_precedes_every_mask
     assert res.token_ids[0] == free.token_ids[0][:cut]
     assert res.finished == [True]
     assert res.forwards < free.forwards
+
+
+# --- the decoder never commits its own mask token -----------------------------------------------
+
+
+class _PreferMask(torch.nn.Module):
+    """An LM head whose logits are the model's own plus `margin` on the mask token (exactly 0 elsewhere), so
+    the mask is every position's argmax by `margin` and the other tokens keep their logits bit for bit."""
+
+    def __init__(self, head, mask_id: int, margin: float = 1e4):
+        super().__init__()
+        self.head, self.weight = head, head.weight
+        self.register_buffer("bias", torch.zeros(head.weight.shape[0]))
+        self.bias[mask_id] = margin
+
+    def forward(self, hidden):
+        return self.head(hidden) + self.bias
+
+
+@pytest.fixture(scope="module")
+def mask_lover(nano):
+    runner = ModelRunner(nano.model, "sdpa")
+    runner.lm_head = _PreferMask(nano.model.lm_head, nano.settings.mask_token_id)
+    return runner
+
+
+def test_the_mask_loving_head_makes_the_mask_the_argmax_everywhere_so_the_tests_below_can_fail(nano, mask_lover,
+                                                                                                 camera_image):
+    batch = _batch(nano, camera_image, PROMPTS)
+    plain_ar = generate_ar(mask_lover, batch, 12, nano.settings.eos_token_id, ignore_eos=True)  # no mask_id given
+    assert plain_ar.token_ids == [[nano.settings.mask_token_id] * 12] * 3
+
+
+@pytest.mark.parametrize("kw", [
+    dict(block_size=1, steps=1),
+    dict(block_size=8, steps=4, strategy="low_confidence_dynamic", threshold=0.9),
+    dict(block_size=8, steps=4, strategy="low_confidence_static"),
+    dict(block_size=8, steps=8, strategy="sequential", fuse_commit=False),
+    dict(block_size=8, steps=4, strategy="low_confidence_dynamic", threshold=0.5, temperature=1.0, seed=3),
+], ids=["ar-b1", "dynamic", "static", "sequential-unfused", "dynamic-sampled"])
+def test_a_model_preferring_its_mask_token_decodes_as_if_the_mask_were_not_in_its_vocabulary(nano, runner, mask_lover,
+                                                                                             camera_image, kw):
+    batch = _batch(nano, camera_image, PROMPTS)
+    kw = dict(kw, max_new_tokens=24, ignore_eos=True)
+    loving = _decode(mask_lover, nano, batch, **kw)
+    plain = _decode(runner, nano, batch, **kw)
+    mask = nano.settings.mask_token_id
+    assert [len(t) for t in loving.token_ids] == [24, 24, 24]
+    assert all(mask not in t for t in loving.token_ids)
+    assert loving.token_ids == plain.token_ids  # the other tokens' logits, so confidences and commits, are unchanged
+
+
+def test_the_ar_baseline_with_the_mask_id_never_picks_it_and_equals_the_block_decoder_at_b1(nano, runner, mask_lover,
+                                                                                           camera_image):
+    batch = _batch(nano, camera_image, PROMPTS)
+    mask = nano.settings.mask_token_id
+    ar = generate_ar(mask_lover, batch, 24, nano.settings.eos_token_id, ignore_eos=True, mask_id=mask)
+    assert all(len(t) == 24 and mask not in t for t in ar.token_ids)
+    assert ar.token_ids == _decode(runner, nano, batch, block_size=1, steps=1, ignore_eos=True).token_ids
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static"])
+def test_the_static_decoder_on_cpu_never_commits_the_mask_token_either(nano, runner, mask_lover, camera_image,
+                                                                      strategy):
+    from kernels.graph_runner import GraphRunner
+
+    batch = _batch(nano, camera_image, PROMPTS)
+    mask, eos = nano.settings.mask_token_id, nano.settings.eos_token_id
+    cfg = DecoderConfig(block_size=8, steps=4, strategy=strategy, threshold=0.9, max_new_tokens=24, ignore_eos=True)
+    loving = GraphRunner(mask_lover, mask).generate(batch, cfg, eos)
+    assert [len(t) for t in loving.token_ids] == [24, 24, 24] and all(mask not in t for t in loving.token_ids)
+    assert loving.token_ids == GraphRunner(runner, mask).generate(batch, cfg, eos).token_ids
+
+
+# --- dynamic remasking finishes every block -------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size, steps, schedule", [(8, 8, "linear"), (8, 3, "linear"), (16, 4, "cosine")])
+def test_every_block_finished_by_dynamic_remasking_holds_no_mask_token(nano, runner, camera_image, schedule,
+                                                                      block_size, steps):
+    batch = _batch(nano, camera_image, PROMPTS)
+    mask = nano.settings.mask_token_id
+    kw = dict(block_size=block_size, steps=steps, strategy="low_confidence_dynamic", threshold=0.95,
+              schedule=schedule, max_new_tokens=3 * block_size)
+    free = _decode(runner, nano, batch, ignore_eos=True, **kw)
+    assert [len(t) for t in free.token_ids] == [3 * block_size] * 3
+    assert all(mask not in t for t in free.token_ids)
+    # with an early end: a token of the first answer's second block stands in for EOS, so some blocks stop
+    # before their last step once that EOS precedes every masked position
+    eos = free.token_ids[0][block_size + 1]
+    res = generate(runner, batch, DecoderConfig(**kw), mask, eos)
+    assert all(mask not in t for t in res.token_ids)
+    assert res.token_ids[0] == free.token_ids[0][: free.token_ids[0].index(eos)]

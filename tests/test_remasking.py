@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -52,6 +54,18 @@ def test_greedy_prediction_is_the_argmax_with_its_probability():
     pred, conf = predict(logits, 0.0)
     assert pred.item() == 1
     assert conf.item() == pytest.approx(torch.softmax(logits, -1).max().item())
+
+
+def test_an_excluded_token_is_never_predicted_and_confidences_are_over_the_other_tokens():
+    logits = torch.tensor([[[0.0, 5.0, 1.0], [2.0, 9.0, 2.0]]])
+    pred, conf = predict(logits, 0.0, exclude=1)
+    assert pred[0].tolist() == [2, 0]  # token 0 and 2 tie at position 1: the first wins, as in argmax
+    assert conf[0].tolist() == pytest.approx([math.e / (1 + math.e), 0.5])  # softmax over tokens 0 and 2
+    assert logits[0, 0, 1] == 5.0  # the caller's logits are untouched
+    gen = torch.Generator().manual_seed(0)
+    sampled, probs = predict(logits.expand(500, 2, 3), 1.0, gen, exclude=1)
+    assert 1 not in sampled.unique().tolist() and set(sampled[:, 0].unique().tolist()) == {0, 2}
+    assert probs[:, 1].tolist() == pytest.approx([0.5] * 500)
 
 
 # number order: chains of positions committed left to right (the digits of a fixed-style number)

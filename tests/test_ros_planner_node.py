@@ -100,8 +100,28 @@ class Probe:
         self.wait_for(lambda: all(s.get_publisher_count() >= 1 for s in self.node.subscriptions
                                   if s.topic_name.endswith(("trajectory", "path"))), what="output matching")
 
-    def trajectories(self, stamp_ns=None):
-        return [m for m in self.received["trajectory"] if stamp_ns is None or _ns(m.header.stamp) == stamp_ns]
+    def trajectories(self, stamp_ns=None, stale_s=3.0):
+        """The trajectories received: all, or those stamped `stamp_ns`, the plan of the frame just published with
+        that stamp. Asking for a stamp fails at once with one assertion naming the expected and received stamps
+        when a plan arrives under another stamp while it is awaited: a newer one (no test publishes a frame
+        newer than the one it waits for), or an older one not followed by the awaited plan within `stale_s`
+        (in a burst, the plan of an earlier frame still in flight may land first)."""
+        msgs = self.received["trajectory"]
+        matching = [m for m in msgs if stamp_ns is None or _ns(m.header.stamp) == stamp_ns]
+        if stamp_ns is None or matching:
+            return matching
+        now = time.monotonic()
+        awaited = getattr(self, "_awaited", None)  # [stamp, first index received while awaited, count, when]
+        if awaited is None or awaited[0] != stamp_ns:
+            awaited = self._awaited = [stamp_ns, len(msgs), len(msgs), now]
+        if len(msgs) != awaited[2]:
+            awaited[2:] = [len(msgs), now]
+        others = [_ns(m.header.stamp) for m in msgs[awaited[1]:]]
+        if any(ns > stamp_ns for ns in others) or (others and now - awaited[3] > stale_s):
+            sec = lambda ns: f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d} s"  # noqa: E731
+            raise AssertionError(f"expected a trajectory stamped {sec(stamp_ns)}; received {[sec(n) for n in others]} "
+                                 f"while waiting (before: {[sec(_ns(m.header.stamp)) for m in msgs[:awaited[1]]]})")
+        return []
 
     def diagnostics(self, node_name: str):
         return [s for m in self.received["/diagnostics"] for s in m.status if node_name in s.name]

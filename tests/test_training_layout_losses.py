@@ -14,7 +14,7 @@ from wam_diff_core.attention.block_mask import CLEAN, NOISY, PAD, PREFIX, traini
 from wam_diff_core.constants import IMAGE_PAD_TOKEN
 from training.collate import collate, corrupt, layout, positions, stratified_t
 from training.data import BadSample, DataError, DrivingDataset, Example
-from training.losses import divergence, jsd, top_k_agreement
+from training.losses import diffusion_ce, divergence, jsd, top_k_agreement
 from training.objective import SelectedLogits, diffusion_loss, distill_loss
 
 
@@ -164,6 +164,19 @@ def test_block_size_one_all_masked_diffusion_loss_equals_the_ar_next_token_cross
     with torch.no_grad():
         b4 = diffusion_loss(module, nano.model, collate(examples, 0), 4, mask_id, force_t=1.0)
     assert abs(b4.loss.item() - expected) > 1e-3
+
+
+def test_diffusion_ce_weights_each_masked_token_by_one_over_its_noise_level_on_a_hand_computed_pair():
+    # row 0: uniform over 3 tokens, target 1: CE = ln 3; row 1: softmax (3/5, 1/5, 1/5), target 0: CE = ln(5/3)
+    logits = torch.tensor([[0.0, 0.0, 0.0], [math.log(3.0), 0.0, 0.0]])
+    targets = torch.tensor([1, 0])
+    t = torch.tensor([0.5, 0.25])
+    loss = diffusion_ce(logits, targets, t, normalizer=4)
+    # (ln 3 / 0.5 + ln(5/3) / 0.25) / 4 = 0.5 ln 3 + ln(5/3) = 1.060132; unweighted it would be ln 5 / 4 = 0.402359
+    assert loss.item() == pytest.approx(0.5 * math.log(3.0) + math.log(5.0 / 3.0), abs=1e-6)
+    assert loss.item() == pytest.approx(1.060132, abs=1e-6)
+    # t = 1 everywhere and normalizer = N: the mean cross-entropy (ln 3 + ln(5/3)) / 2 = ln 5 / 2
+    assert diffusion_ce(logits, targets, torch.ones(2), 2).item() == pytest.approx(math.log(5.0) / 2, abs=1e-6)
 
 
 def test_distillation_from_itself_at_the_same_block_size_has_zero_jsd_and_full_top5_agreement(nano):

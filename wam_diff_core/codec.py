@@ -10,7 +10,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -30,9 +30,10 @@ _MAX_ABS_COORD_M = 200.0
 PARSE_ERROR_KINDS = (
     "not_text",  # input was not a str
     "empty",  # nothing left after stripping whitespace and cutting at EOS
+    "too_long",  # more characters before EOS than any valid answer (MAX_TRAJECTORY_TEXT_CHARS, MAX_DETECTION_TEXT_CHARS)
     "truncated",  # text ends mid-value (a number like "1." or "-", unclosed JSON)
     "wrong_count",  # not exactly 2 * NUM_WAYPOINTS numbers
-    "not_a_number",  # a value that is not a plain decimal number
+    "not_a_number",  # a value that is not a plain ASCII decimal number
     "non_finite",  # NaN or infinity
     "out_of_range",  # a trajectory coordinate beyond 200 m or a box coordinate outside 0..1000
     "bad_json",  # not JSON, or JSON that is not a list
@@ -53,19 +54,29 @@ class ParseError:
         return f"{self.kind}: {self.message}"
 
 
+# Numbers are plain ASCII decimals: [0-9], never \d, which also matches full-width and other Unicode
+# digits that float() would read ("１６" is 16.0).
 # A complete number: optional sign, digits with an optional fraction (or a bare fraction), optional exponent.
-_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 # A proper prefix of a number, i.e. what a decoder stopped in the middle of: "-", "1.", "1.2e", "1.2e-".
-_NUMBER_PREFIX = re.compile(r"[+-]?(?:\d+(?:\.\d*)?(?:[eE][+-]?\d*)?|\.(?:\d+(?:[eE][+-]?\d*)?)?)?")
-_NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
+_NUMBER_PREFIX = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?|\.(?:[0-9]+(?:[eE][+-]?[0-9]*)?)?)?")
+_NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE | re.ASCII)
+_ASCII_SPACE = " \t\n\r\f\v"
 _FENCE_OPEN = re.compile(r"^```[A-Za-z]*")
 
 
-def _clean(text: object) -> Union[str, ParseError]:
-    """Shared first step: type check, cut at EOS, strip whitespace, reject empty."""
+def _clean(text: object, limit: Optional[int] = None, what: str = "answer") -> Union[str, ParseError]:
+    """Shared first step: type check, cut at EOS, strip whitespace, reject empty. With `limit`, only the
+    first limit + len(EOS_TOKEN) characters are read: text with more than `limit` characters before EOS
+    cannot be a valid `what` and is "too_long" at a cost that does not grow with its length."""
     if not isinstance(text, str):
         return ParseError("not_text", f"expected str, got {type(text).__name__}")
-    cut = text.split(EOS_TOKEN, 1)[0].strip()
+    head = text if limit is None else text[: limit + len(EOS_TOKEN)]
+    cut = head.split(EOS_TOKEN, 1)[0]
+    if limit is not None and len(cut) > limit:
+        return ParseError("too_long", f"more than {limit} characters before {EOS_TOKEN!r} ({len(text)} in all), "
+                                      f"longer than any {what}")
+    cut = cut.strip()
     if not cut:
         return ParseError("empty", f"no text before {EOS_TOKEN!r} in {text[:80]!r}")
     return cut
@@ -89,6 +100,9 @@ def _check_trajectory(trajectory: np.ndarray) -> np.ndarray:
 # leading digit is 0 or 1 so that every fixed-style text stays inside the parser's 200 m range.
 FIXED_NUMBER_WIDTH = 1 + TRAJECTORY_FIXED_INT_DIGITS + 1 + TRAJECTORY_DECIMALS
 FIXED_TRAJECTORY_CHARS = 2 * NUM_WAYPOINTS * (FIXED_NUMBER_WIDTH + 1) - 1
+# The longest trajectory text the parser reads before EOS: 32 characters a number, separator and spaces
+# included (both styles write at most FIXED_TRAJECTORY_CHARS); anything longer is "too_long" unread.
+MAX_TRAJECTORY_TEXT_CHARS = 2 * NUM_WAYPOINTS * 32
 _DIGITS = "0123456789"
 _FIXED_NUMBER_SLOTS = ("+-", "01") + (_DIGITS,) * (TRAJECTORY_FIXED_INT_DIGITS - 1) + (".",) + (_DIGITS,) * TRAJECTORY_DECIMALS
 
@@ -132,7 +146,7 @@ def format_trajectory(trajectory: np.ndarray, style: str = "official") -> str:
 
 
 def _parse_number(token: str, index: int, is_last: bool) -> Union[float, ParseError]:
-    token = token.strip()
+    token = token.strip(_ASCII_SPACE)
     if _NUMBER.fullmatch(token):
         value = float(token)
         if not math.isfinite(value):  # e.g. "1e999"
@@ -149,19 +163,33 @@ def parse_trajectory(text: str) -> Union[np.ndarray, ParseError]:
     """Model text "x1,y1,...,x8,y8" -> (NUM_WAYPOINTS, 2) float32 metres, or a ParseError.
 
     Surrounding whitespace and everything from EOS_TOKEN on are ignored; exactly
-    2 * NUM_WAYPOINTS plain decimal numbers are required, each with |value| <= 200 m.
+    2 * NUM_WAYPOINTS plain ASCII decimal numbers are required, each with |value| <= 200 m, in at most
+    MAX_TRAJECTORY_TEXT_CHARS characters before EOS. Reading stops as soon as the text cannot be valid
+    (too long, a non-ASCII character, a bad value, more numbers than the format has), so rejecting any
+    text costs at most the work of a valid one.
     """
-    cleaned = _clean(text)
+    cleaned = _clean(text, MAX_TRAJECTORY_TEXT_CHARS, "trajectory")
     if isinstance(cleaned, ParseError):
         return cleaned
-    tokens = cleaned.split(",")
+    if not cleaned.isascii():
+        at = next(i for i, c in enumerate(cleaned) if not c.isascii())
+        return ParseError("not_a_number", f"value {cleaned.count(',', 0, at) + 1} holds {cleaned[at]!r} "
+                                          f"(U+{ord(cleaned[at]):04X}); numbers are plain ASCII decimals")
+    expected = 2 * NUM_WAYPOINTS
+    tokens = cleaned.split(",", expected)  # a part beyond `expected` holds everything after the last number
     values: list[float] = []
-    for i, token in enumerate(tokens):
+    for i, token in enumerate(tokens[:expected]):
         value = _parse_number(token, i, is_last=i == len(tokens) - 1)
         if isinstance(value, ParseError):
             return value
         values.append(value)
-    expected = 2 * NUM_WAYPOINTS
+    if len(tokens) > expected:
+        rest = tokens[expected]
+        if "," not in rest:  # a decoder stopped inside one more value still reads as truncated
+            extra = _parse_number(rest, expected, is_last=True)
+            if isinstance(extra, ParseError) and extra.kind == "truncated":
+                return extra
+        return ParseError("wrong_count", f"more than {expected} numbers: value {expected + 1} is {rest[:40]!r}")
     if len(values) != expected:
         return ParseError("wrong_count", f"got {len(values)} numbers, expected {expected}")
     arr = np.asarray(values, dtype=np.float64).reshape(NUM_WAYPOINTS, 2)
@@ -216,8 +244,21 @@ def format_detections(detections: Sequence[Detection]) -> str:
     return json.dumps(items, separators=(",", ":"), ensure_ascii=False)
 
 
+# The longest box answer the parser reads before EOS: about 1,400 boxes of '{"bbox_2d":[x1,y1,x2,y2],"label":"car"}'.
+MAX_DETECTION_TEXT_CHARS = 64 * 1024
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _brief(value: object) -> str:
+    """A short description of a JSON value for a message: never the repr of a long or deeply nested one."""
+    if isinstance(value, str):
+        return repr(value[:40])
+    if isinstance(value, (list, dict)):
+        return f"a {'list' if isinstance(value, list) else 'object'} of {len(value)}"
+    return repr(value)[:40]
 
 
 def _parse_box(item: object, index: int, width: float, height: float) -> Union[Detection, ParseError]:
@@ -226,15 +267,15 @@ def _parse_box(item: object, index: int, width: float, height: float) -> Union[D
         return ParseError("bad_box", f"{where} is {type(item).__name__}, expected an object")
     for key in ("bbox_2d", "label"):
         if key not in item:
-            return ParseError("missing_key", f"{where} has no {key!r} (keys: {sorted(map(str, item))[:6]})")
+            return ParseError("missing_key", f"{where} has no {key!r} (keys: {[k[:20] for k in sorted(item)[:6]]})")
     coords, label = item["bbox_2d"], item["label"]
     if not isinstance(label, str) or not label.strip():
-        return ParseError("bad_label", f"{where} label is {label!r}, expected a non-empty string")
+        return ParseError("bad_label", f"{where} label is {_brief(label)}, expected a non-empty string")
     if not isinstance(coords, list) or len(coords) != 4:
-        return ParseError("bad_box", f"{where} bbox_2d is {str(coords)[:60]}, expected [x1, y1, x2, y2]")
+        return ParseError("bad_box", f"{where} bbox_2d is {_brief(coords)}, expected [x1, y1, x2, y2]")
     for c in coords:
         if not _is_number(c):
-            return ParseError("not_a_number", f"{where} coordinate {str(c)[:40]!r} is not a number")
+            return ParseError("not_a_number", f"{where} coordinate {_brief(c)} is not a number")
         if isinstance(c, float) and not math.isfinite(c):  # json accepts NaN and Infinity
             return ParseError("non_finite", f"{where} coordinate is {c}")
         if not 0 <= c <= BOX_SCALE:
@@ -251,11 +292,11 @@ def parse_detections(text: str, image_size: Sequence[float]) -> Union[list[Detec
     """Grounding JSON (optionally in ```json fences) -> detections with box_norm and box_px, or a ParseError.
 
     ``image_size`` is (width, height) in pixels; box_px = box_norm / BOX_SCALE * size. An empty
-    list is a valid answer. Raises ValueError only for a bad ``image_size`` (a caller bug), never
-    for any text.
+    list is a valid answer; text with more than MAX_DETECTION_TEXT_CHARS characters before EOS is
+    "too_long" unread. Raises ValueError only for a bad ``image_size`` (a caller bug), never for any text.
     """
     width, height = _check_image_size(image_size)
-    cleaned = _clean(text)
+    cleaned = _clean(text, MAX_DETECTION_TEXT_CHARS, "box list")
     if isinstance(cleaned, ParseError):
         return cleaned
     body = cleaned

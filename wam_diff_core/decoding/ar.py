@@ -11,12 +11,16 @@ from ..attention.block_mask import CLEAN
 from ..model.processor import PromptBatch
 from ..model.runner import ModelRunner
 from .constraint import TokenConstraint
+from .remasking import without_token
 from .result import DecodeResult, PhaseClock, trim_at_eos
 
 
 @torch.inference_mode()
 def generate_ar(runner: ModelRunner, batch: PromptBatch, max_new_tokens: int, eos_id: int,
-                ignore_eos: bool = False, constraint: TokenConstraint | None = None) -> DecodeResult:
+                ignore_eos: bool = False, constraint: TokenConstraint | None = None,
+                mask_id: int | None = None) -> DecodeResult:
+    """Greedy tokens for a batch of prompts; `mask_id`, the checkpoint's diffusion mask token, is never
+    chosen (as in the block decoder, which with B = 1 gives the same tokens)."""
     device = runner.device
     b, prompt_len = batch.input_ids.shape
     padded = not bool(batch.attention_mask.all())
@@ -33,7 +37,7 @@ def generate_ar(runner: ModelRunner, batch: PromptBatch, max_new_tokens: int, eo
     for t in range(max_new_tokens):
         if constraint is not None:
             logits = constraint.apply(logits[:, None], t, out[:, :t] if constraint.envelope is not None else None)[:, 0]
-        token = logits.argmax(dim=-1)
+        token = (logits if mask_id is None else without_token(logits, mask_id)).argmax(dim=-1)
         out[:, t] = token
         if not ignore_eos:
             done |= token == eos_id

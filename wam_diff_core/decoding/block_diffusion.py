@@ -108,7 +108,7 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
             if constraint is not None:
                 answer = torch.cat([out[:, : j * B], x], 1) if constraint.envelope is not None else None
                 logits = constraint.apply(logits, j * B, answer)
-            pred, conf = predict(logits, cfg.temperature, generator)
+            pred, conf = predict(logits, cfg.temperature, generator, exclude=mask_id)
             commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains, cfg.schedule)
             x = torch.where(commit, pred, x)
             masked = masked & ~commit

@@ -72,18 +72,28 @@ def dynamic_need(remaining: torch.Tensor, steps: int, step: int, schedule: str =
     return torch.minimum(remaining, torch.clamp(remaining - keep, min=1))
 
 
-def predict(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def without_token(logits: torch.Tensor, token: int) -> torch.Tensor:
+    """float32 copy of `logits` (..., vocab) in which `token` has logit -inf (probability 0): one copy and a
+    fill of one column, no host sync, capturable in a CUDA graph."""
+    out = logits.to(torch.float32, copy=True)
+    out.select(-1, token).fill_(float("-inf"))
+    return out
+
+
+def predict(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None,
+            exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token and its probability per position. logits (..., vocab) -> (pred, confidence), both (...).
 
     Greedy at temperature 0; otherwise sampling without a host sync: argmax(p / Exponential(1)).
+    `exclude`: a token never predicted, the decoder's own mask token (a committed mask would be read as
+    "still masked" by the model and ends up as literal mask text); probabilities are over the other tokens.
     """
+    logits = logits.float() if exclude is None else without_token(logits, exclude)
     if temperature <= 0:
         # max softmax probability = exp(max - logsumexp): no full probability tensor is written
-        logits = logits.float()
         top, pred = logits.max(dim=-1)
         return pred, torch.exp(top - torch.logsumexp(logits, dim=-1))
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     pred = (probs / noise).argmax(dim=-1)
     return pred, probs.gather(-1, pred[..., None])[..., 0]
