@@ -1,6 +1,9 @@
 """Image / CompressedImage -> RGB conversion (numpy only; messages faked with SimpleNamespace)."""
 import io
 import re
+import struct
+import time
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,6 +12,7 @@ from PIL import Image as PILImage
 
 from wam_diff_ros.image_conversion import (MAX_PIXELS, MAX_SIDE_PX, ImageConversionError, ImageLimits,
                                            compressed_msg_to_rgb, image_msg_to_rgb, raw_to_rgb, rgb_to_raw)
+from wam_diff_ros.image_headers import MAX_PNG_CHUNKS, ImageHeader, read_header
 
 
 def _rgb(h=5, w=7, seed=0):
@@ -95,14 +99,13 @@ def test_truncated_or_garbage_compressed_images_are_rejected(data, fragment):
 
 # ---------------------------------------------------------------------------------------------- limits
 
+def chunk(kind, data):
+    """One PNG chunk: length, type, data, CRC."""
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
 def png_header(width, height, idat=b""):
     """A PNG whose IHDR states width x height (8-bit RGB) and whose pixel data is `idat` (zlib), often empty."""
-    import struct
-    import zlib
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat or zlib.compress(b""))
             + chunk(b"IEND", b""))
@@ -125,10 +128,10 @@ def decodes(monkeypatch):
 
 
 def test_a_16000_px_png_header_is_rejected_as_a_typed_error_without_decoding(decodes):
-    # 65 bytes claiming 256 M px: over Pillow's own decompression-bomb limit, which raised its own error here
+    # 65 bytes claiming 256 M px: over Pillow's own decompression-bomb limit, whose error ended the node
     data = png_header(16000, 16000)
     assert len(data) == 65
-    with pytest.raises(ImageConversionError, match="decompression-bomb limit; max_image_pixels is 16777216"):
+    with pytest.raises(ImageConversionError, match="compressed PNG image 16000x16000 exceeds max_image_side 4096"):
         compressed_msg_to_rgb(SimpleNamespace(format="png", data=data))
     assert decodes == []
 
@@ -160,8 +163,6 @@ def test_a_compressed_image_over_max_bytes_is_rejected_before_pillow_reads_it(mo
 
 
 def test_a_real_zero_filled_8000_px_png_is_rejected_from_its_header_not_decoded(decodes):
-    import zlib
-
     # 187 kB that decodes to 183 MiB: before the limits it took about 4 s and 0.9 GB to decode
     row = b"\x00" * (1 + 3 * 8000)
     comp = zlib.compressobj(9)
@@ -222,3 +223,69 @@ def test_a_megabyte_encoding_or_format_string_gives_a_short_error_message():
 def test_image_limits_outside_their_range_are_refused(kwargs, fragment):
     with pytest.raises(ValueError, match=re.escape(fragment)):
         ImageLimits(**kwargs)
+
+
+# ------------------------------------------------------------------------------------ header structure
+
+def _jpeg_of(rgb, **kw):
+    out = io.BytesIO()
+    PILImage.fromarray(rgb).save(out, format="JPEG", **kw)
+    return out.getvalue()
+
+
+def _crafted():
+    """Files Pillow's header parser walks one byte or one chunk at a time in Python (0.24-0.29 s a megabyte)."""
+    jpeg = _jpeg_of(_rgb(16, 16))
+    png = io.BytesIO()
+    PILImage.fromarray(_rgb(16, 16)).save(png, format="PNG")
+    png = png.getvalue()
+    return [
+        ("1 MB of 0xFF fill bytes after SOI", jpeg[:2] + b"\xff" * 1_000_000 + jpeg[2:], "over 64 fill bytes at 2"),
+        ("100,000 empty PNG chunks", png[:33] + chunk(b"quUx", b"") * 100_000 + png[33:], "more than 4096 chunks"),
+        ("201 JPEG scans", jpeg[:-2] + b"\xff\xda" * 200 + jpeg[-2:], "201 scans, at most 100"),
+        ("junk between JPEG segments", jpeg[:2] + b"\x00" * 10 + jpeg[2:], "byte 0x00 at 2 where a marker belongs"),
+        ("a scan before the frame header", b"\xff\xd8\xff\xda\x00\x02", "scan starts before any frame header"),
+        ("a PNG without IHDR first", png[:12] + b"IHDX" + png[16:], "does not start with its 13-byte IHDR"),
+    ]
+
+
+@pytest.mark.parametrize("name, data, fragment", _crafted(), ids=[c[0] for c in _crafted()])
+def test_crafted_header_structures_are_refused_in_bounded_time_before_pillow_walks_them(decodes, name, data, fragment):
+    best = 1.0
+    for _ in range(3):
+        start = time.perf_counter()
+        with pytest.raises(ImageConversionError, match=re.escape(fragment)):
+            compressed_msg_to_rgb(SimpleNamespace(format="jpeg", data=data))
+        best = min(best, time.perf_counter() - start)
+    assert best < 0.05, f"{name}: {best * 1e3:.1f} ms"  # Pillow's own walk of the first two took 240-290 ms
+    assert decodes == []
+
+
+@pytest.mark.parametrize("encode", [
+    lambda rgb: _jpeg_of(rgb), lambda rgb: _jpeg_of(rgb, progressive=True), lambda rgb: _jpeg_of(rgb, optimize=True),
+    lambda rgb: _jpeg_of(rgb, exif=b"Exif\x00\x00" + bytes(3000), quality=50, subsampling=0),
+    lambda rgb: _png_of(PILImage.fromarray(rgb)), lambda rgb: _png_of(PILImage.fromarray(rgb).convert("L")),
+    lambda rgb: _png_of(PILImage.fromarray(rgb).convert("P")), lambda rgb: _png_of(PILImage.fromarray(rgb).convert("RGBA")),
+    lambda rgb: _png_of(PILImage.fromarray(rgb[..., 0].astype(np.uint16) * 257)),  # 16-bit grey
+], ids=["jpeg", "jpeg-progressive", "jpeg-optimized", "jpeg-exif-444", "png-rgb", "png-grey", "png-palette",
+        "png-rgba", "png-grey16"])
+def test_what_encoders_write_passes_the_header_checks_and_decodes_at_its_size(encode):
+    rgb = _rgb(60, 90, seed=3)
+    out = compressed_msg_to_rgb(SimpleNamespace(format="", data=encode(rgb)))
+    assert out.shape == (60, 90, 3) and out.dtype == np.uint8
+
+
+def _png_of(image):
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_a_png_of_many_8_kib_chunks_as_libpng_writes_it_is_accepted():
+    rows = b"".join(b"\x00" + _rgb(1, 1024, seed=r).tobytes() for r in range(1024))  # 1024 x 1024 noise: 3 MiB
+    idat = zlib.compress(rows, 1)
+    chunks = [chunk(b"IDAT", idat[i:i + 8192]) for i in range(0, len(idat), 8192)]
+    data = png_header(1024, 1024)[:33] + b"".join(chunks) + chunk(b"IEND", b"")
+    assert len(chunks) > 300 and read_header(data) == ImageHeader("PNG", 1024, 1024)
+    assert compressed_msg_to_rgb(SimpleNamespace(format="png", data=data)).shape == (1024, 1024, 3)
+    assert MAX_PNG_CHUNKS * 8192 >= ImageLimits().max_bytes * 4  # libpng's 8 KiB chunks: 4x headroom at 8 MiB

@@ -26,6 +26,7 @@ from wam_diff_core.constants import NAV_COMMANDS
 from wam_diff_ros.camera_sync import ApproximateTimeSync, StampedFrame
 from wam_diff_ros.image_conversion import (RAW_ENCODINGS, ImageConversionError, ImageLimits, compressed_msg_to_rgb,
                                            image_msg_to_rgb, rgb_to_raw)
+from wam_diff_ros.image_headers import MAX_PNG_CHUNKS
 from wam_diff_ros.input_checks import (MAX_QUESTION_CHARS, MAX_ROUTE_TARGET_M, MAX_SPEED_MPS, MAX_YAW_RATE_RPS,
                                        InputRejected, command_text, odometry_sample, question_text, route_target)
 
@@ -99,9 +100,12 @@ def png_header(width, height, bit_depth=8, color_type=2, idat=b""):
 
 
 def jpeg_header(width, height):
-    """JPEG start, a baseline SOF0 stating width x height (3 components), and nothing after it."""
+    """JPEG start, a baseline SOF0 stating width x height (3 components) and a scan header, with no tables and
+    no scan data after it."""
     sof = struct.pack(">BHHB", 8, height, width, 3) + b"".join(bytes([i, 0x11, 0]) for i in (1, 2, 3))
-    return b"\xff\xd8" + b"\xff\xc0" + struct.pack(">H", len(sof) + 2) + sof
+    sos = bytes([3, 1, 0x00, 2, 0x11, 3, 0x11, 0, 63, 0])
+    return (b"\xff\xd8" + b"\xff\xc0" + struct.pack(">H", len(sof) + 2) + sof
+            + b"\xff\xda" + struct.pack(">H", len(sos) + 2) + sos)
 
 
 def _over_limits(width, height, limits=ImageLimits()):
@@ -217,12 +221,17 @@ def _timed(fn, *args):
 
 
 @fuzz(40)
-@given(st.integers(1024, MB), st.sampled_from(["random", "png_bomb", "jpeg_bomb", "zeros"]), st.integers(0, 2**32 - 1))
+@given(st.integers(1024, MB), st.sampled_from(["random", "png_bomb", "jpeg_bomb", "zeros", "jpeg_fill", "png_chunks"]),
+       st.integers(0, 2**32 - 1))
 def test_megabyte_payloads_that_decode_nothing_are_rejected_within_the_bound(size, kind, seed):
     if kind == "random":
         data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
     elif kind == "zeros":
         data = bytes(size)
+    elif kind == "jpeg_fill":  # fill bytes Pillow would step through one at a time
+        data = b"\xff\xd8" + b"\xff" * size + jpeg_header(16, 16)[2:]
+    elif kind == "png_chunks":  # more empty chunks than allowed, which Pillow would read one by one
+        data = png_header(16, 16)[:33] + _chunk(b"quUx", b"") * max(size // 12, MAX_PNG_CHUNKS) + png_header(16, 16)[33:]
     else:  # a bomb header padded to `size` with chunks or JPEG bytes the header check never reaches
         head = png_header(16000, 16000) if kind == "png_bomb" else jpeg_header(16000, 16000)
         data = head + bytes(size - len(head)) if size > len(head) else head

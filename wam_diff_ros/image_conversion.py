@@ -2,9 +2,10 @@
 
 Works on any object with the message's fields (duck typing), so it imports no ROS module.
 Camera topics are an attack surface: every check that bounds memory or time runs before any
-pixel is decoded (sizes from the fields of a raw Image, from the header alone of a compressed
-one), and whatever a decoder raises becomes ImageConversionError naming the bad value and what
-was expected; the planner node turns it into a diagnostic ERROR and keeps serving the next frame.
+pixel is decoded (sizes from the fields of a raw Image, from the header of a compressed one,
+read by image_headers.py), and whatever a decoder raises becomes ImageConversionError naming the
+bad value and what was expected; the planner node turns it into a diagnostic ERROR and keeps
+serving the next frame.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import numpy as np
 
 from wam_diff_core.errors import WamDiffError
 
+from .image_headers import HeaderError, read_header
+
 # encoding -> (channels, channel order to take for RGB); all 8-bit per channel. Wider encodings (mono16,
 # rgb16, ...) are rejected by name, so is_bigendian never matters.
 RAW_ENCODINGS = {
@@ -24,10 +27,6 @@ RAW_ENCODINGS = {
     "bgra8": (4, (2, 1, 0)),
     "mono8": (1, (0, 0, 0)),
 }
-
-# Compressed formats decoded (what compressed_image_transport sends); Pillow identifies the format from the
-# data itself, and every other format it knows is refused rather than handed to a less-used decoder.
-COMPRESSED_FORMATS = ("JPEG", "PNG")
 
 # Ceilings of the limits below: the largest side any camera here could mean, and Pillow's own decompression-bomb
 # threshold (its default Image.MAX_IMAGE_PIXELS, which it warns past), so the node's pixel check speaks first.
@@ -137,11 +136,12 @@ def image_msg_to_rgb(msg, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
 def compressed_msg_to_rgb(msg, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
     """sensor_msgs/CompressedImage (JPEG or PNG) -> (H, W, 3) uint8 RGB.
 
-    In order, before anything is decoded: the byte size (`limits.max_bytes`), the format (from the
-    data, not the message's `format` string) and the size its header states (`limits`). Raises
-    ImageConversionError for every failure, whatever the decoder raised.
+    In order, before anything is decoded: the byte size (`limits.max_bytes`), then the format (from the
+    data, not the message's `format` string), the structure before the pixel data and the size the
+    header states (`limits`), read in bounded work (image_headers.py). Raises ImageConversionError for
+    every failure, whatever the decoder raised.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     fmt = quote(getattr(msg, "format", ""))
     try:
@@ -155,18 +155,17 @@ def compressed_msg_to_rgb(msg, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarr
             f"CompressedImage of {size} bytes (format {fmt}) exceeds max_image_bytes {limits.max_bytes}")
     try:
         data = bytes(msg.data)
-        img = Image.open(io.BytesIO(data), formats=COMPRESSED_FORMATS)  # reads the header only
-    except UnidentifiedImageError as exc:
-        raise ImageConversionError(f"cannot decode CompressedImage (format {fmt}, {size} bytes): data starting "
-                                   f"{data[:8]!r} is neither JPEG nor PNG") from exc
-    except Image.DecompressionBombError as exc:
-        raise ImageConversionError(
-            f"CompressedImage header (format {fmt}, {size} bytes) states over {2 * Image.MAX_IMAGE_PIXELS} px, "
-            f"Pillow's decompression-bomb limit; max_image_pixels is {limits.max_pixels}") from exc
+        header = read_header(data)
+    except (HeaderError, TypeError, ValueError) as exc:
+        raise ImageConversionError(f"cannot decode CompressedImage (format {fmt}, {size} bytes): {exc}") from exc
+    limits.check_size(header.width, header.height, f"compressed {header.format} image")
+    try:
+        # JPEG or PNG, what compressed_image_transport sends; every other format Pillow knows is refused
+        img = Image.open(io.BytesIO(data), formats=(header.format,))  # reads the header only
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a rejected frame, never a dead callback
         raise _undecodable(fmt, size, exc) from exc
     with img:
-        limits.check_size(img.width, img.height, f"compressed {img.format} image")
+        limits.check_size(img.width, img.height, f"compressed {img.format} image")  # as Pillow read it
         try:
             img.load()  # decode now: a truncated stream raises here, not later
             rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
