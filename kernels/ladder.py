@@ -143,7 +143,7 @@ class Ladder:
     def _decode(self, rung: str, batch: PromptBatch, K: int):
         a, s = self.args, self.settings
         if rung == "ar":
-            return generate_ar(self.runner, batch, a.new_tokens, s.eos_token_id, ignore_eos=True)
+            return generate_ar(self.runner, batch, a.new_tokens, s.eos_token_id, ignore_eos=True, mask_id=s.mask_token_id)
         cfg = DecoderConfig(block_size=a.block_size, steps=K, strategy="low_confidence_static",
                             max_new_tokens=a.new_tokens, ignore_eos=True)
         if rung == "sdpa_eager":

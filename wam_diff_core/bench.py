@@ -93,7 +93,8 @@ def measure(runner, loaded, batch: PromptBatch, block_size: int, steps: int, arg
     runs = []
     for _ in range(args.repeats + 1):  # the first run warms up
         if block_size == 1:
-            res = generate_ar(runner, batch, args.new_tokens, settings.eos_token_id, ignore_eos=True)
+            res = generate_ar(runner, batch, args.new_tokens, settings.eos_token_id, ignore_eos=True,
+                              mask_id=settings.mask_token_id)
         else:
             cfg = DecoderConfig(block_size=block_size, steps=steps, strategy="low_confidence_static",
                                 max_new_tokens=args.new_tokens, ignore_eos=True, fuse_commit=fuse, backend=args.backend,
