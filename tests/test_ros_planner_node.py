@@ -130,12 +130,14 @@ class Probe:
 class Ros:
     """One ROS context on a fresh domain id; starts planner nodes and a probe inside a namespace."""
 
-    def __init__(self):
+    def __init__(self, executor=None):
+        """`executor(context)` builds the planner nodes' executor (default: the MultiThreadedExecutor of 3 threads
+        that `wam-diff-planner` runs)."""
         self.domain_id = next(_DOMAINS) % 150 + 1
         self.namespace = f"/t{os.getpid()}_{next(_NAMESPACES)}"
         self.context = Context()
         rclpy.init(context=self.context, domain_id=self.domain_id)
-        self.executor = MultiThreadedExecutor(num_threads=3, context=self.context)
+        self.executor = (executor or (lambda ctx: MultiThreadedExecutor(num_threads=3, context=ctx)))(self.context)
         self._thread = None
         self.nodes = []
         self.probe = Probe(self.context, self.namespace)

@@ -19,6 +19,7 @@ Outputs: trajectory (wam_diff_msgs/Trajectory), path (nav_msgs/Path), detections
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -58,6 +59,9 @@ from .planner_stats import PlannerStats
 from .planning_worker import PlanningWorker
 
 NODE_NAME = "wam_diff_planner"
+# a flood of bad input: at most one log line and one immediate ERROR diagnostic per period (every one is counted)
+ERROR_LOG_PERIOD_S = 1.0
+ERROR_DIAGNOSTICS_PERIOD_S = 0.2
 
 # Tasks answered on every frame set; QA is asked through the AskQuestion service instead.
 PLAN_TASKS = tuple(t for t in TASKS if t != "qa")
@@ -191,6 +195,7 @@ class PlannerNode(LifecycleNode):
         self._cfg: dict = {}
         self._trained_frame: Optional[tuple[int, int]] = None  # (W, H) the model learned from, when it says
         self._frame_sizes: dict[int, tuple[int, int]] = {}  # camera index -> (W, H) of its newest frame
+        self._last_error_report = {"log": -math.inf, "diagnostics": -math.inf}  # monotonic s of the last of each
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -530,10 +535,17 @@ class PlannerNode(LifecycleNode):
     # ------------------------------------------------------------------ diagnostics
 
     def _report_error(self, text: str) -> None:
-        """Record an error, log it (throttled) and publish an ERROR diagnostic right away."""
+        """Record an error (counted at once); log it at most once per ERROR_LOG_PERIOD_S and publish an ERROR
+        diagnostic at most once per ERROR_DIAGNOSTICS_PERIOD_S (the periodic diagnostics carry the rest), so a
+        flood of bad messages costs each one a counter update, not a log line and a /diagnostics message."""
         self.stats.error(text)
-        self.get_logger().error(text, throttle_duration_sec=1.0)
-        self.publish_diagnostics()
+        now = time.monotonic()
+        if now - self._last_error_report["log"] >= ERROR_LOG_PERIOD_S:
+            self._last_error_report["log"] = now
+            self.get_logger().error(text)
+        if now - self._last_error_report["diagnostics"] >= ERROR_DIAGNOSTICS_PERIOD_S:
+            self._last_error_report["diagnostics"] = now
+            self.publish_diagnostics()
 
     def publish_diagnostics(self) -> None:
         pub = self._pubs.get("diagnostics")
