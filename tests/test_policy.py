@@ -111,7 +111,7 @@ def test_an_unset_token_budget_is_the_tasks_own(policy, nano, monkeypatch, camer
 
 
 def test_the_shipped_models_name_loads_its_directory_or_warns_and_takes_nano(monkeypatch, tmp_path, capsys):
-    from wam_diff_core.model import checkpoint as policy_mod
+    from wam_diff_core.model import shipped as policy_mod
 
     assert policy_mod.resolve_model("nano-s-b32") == str(policy_mod.SHIPPED_MODEL_DIR)
     assert policy_mod.SHIPPED_MODEL_DIR.is_dir()
@@ -174,3 +174,11 @@ def test_plan_states_the_route_target_only_to_a_checkpoint_that_learned_it(nano,
     with pytest.raises(ValueError, match="route target"):
         DrivingPolicy(routed, DecoderConfig(block_size=8, steps=4)).plan([camera_image], EgoState(vx=5.0), "turn left",
                                                                         target=(float("inf"), 0.0))
+
+
+def test_the_shipped_models_name_reads_its_wam_diff_json_in_the_closed_loops():
+    from wam_diff_core.sim.routes import checkpoint_frame_size, checkpoint_route_target_scenarios
+
+    assert checkpoint_frame_size("nano-s-b32") == (256, 128)
+    assert checkpoint_route_target_scenarios("nano-s-b32") == ("roundabout",)
+    assert checkpoint_frame_size("constant-velocity") is None

@@ -86,7 +86,7 @@ ATTENTION_BACKENDS = ("sdpa", "flex", "flashinfer")
 TASKS = ("planning", "detection", "qa")
 
 # The shipped model (the B = 32 block-diffusion planner): the default of `wam-diff decode`, `wam-diff demo` and the
-# ROS planner. The name stands for the repository's models/nano-s-b32 (`policy.resolve_model`).
+# ROS planner. The name stands for the repository's models/nano-s-b32 (`model.shipped.resolve_model`).
 SHIPPED_MODEL = "nano-s-b32"
 
 # Diffusion settings file stored next to a Hugging Face checkpoint.

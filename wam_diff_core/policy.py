@@ -20,7 +20,7 @@ from .constants import TASKS
 from .decoding.block_diffusion import generate
 from .decoding.config import DecoderConfig, resolve_decoding
 from .decoding.constraint import planning_constraint
-from .model.checkpoint import LoadedModel, load, resolve_model
+from .model.checkpoint import LoadedModel, load
 from .model.processor import check_image
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
@@ -78,7 +78,7 @@ class DrivingPolicy:
     @classmethod
     def load(cls, model: str, device: str = "cpu", tasks: Sequence[str] = ("planning",),
              **decoding) -> "DrivingPolicy":
-        """A preset name ("nano"), a local checkpoint directory or the shipped model's name (`resolve_model`),
+        """A preset name ("nano"), a local checkpoint directory or the shipped model's name (`model.shipped.resolve_model`),
         decoding with the checkpoint's own settings (its wam_diff.json) and `decoding` (DecoderConfig fields;
         None = unset, the checkpoint's) on top (`resolve_decoding`)."""
         loaded = load(model, device=device)
@@ -171,4 +171,4 @@ class DrivingPolicy:
             torch.cuda.empty_cache()
 
 
-__all__ = ["DrivingPolicy", "POLICY_TASKS", "TASK_BUDGET", "TASKS", "check_tasks", "resolve_model", "with_budget"]
+__all__ = ["DrivingPolicy", "POLICY_TASKS", "TASK_BUDGET", "TASKS", "check_tasks", "with_budget"]

@@ -63,13 +63,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     from rclpy.lifecycle import TransitionCallbackReturn
     from rclpy.parameter import Parameter
 
-    from wam_diff_core.model.checkpoint import resolve_model
-
     from .highway_bridge_node import HighwayBridgeNode
     from .planner_node import PlannerNode
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    args.model = resolve_model(args.model)  # the shipped model's directory, or nano with a warning
     params_files = [config_file("planner.yaml"), config_file("demo.yaml"), *map(Path, args.params_file)]
     ros_args = ["wam-diff-demo", "--ros-args"]
     for path in params_files:

@@ -8,7 +8,6 @@ corrupt file raises an error that names the file.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
@@ -17,12 +16,13 @@ import torch
 from safetensors import safe_open
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-from ..constants import SHIPPED_MODEL, EOS_TOKEN, IMAGE_PAD_TOKEN, PAD_TOKEN, VIDEO_PAD_TOKEN, VISION_END_TOKEN, VISION_START_TOKEN, WAM_DIFF_CONFIG_NAME
+from ..constants import EOS_TOKEN, IMAGE_PAD_TOKEN, PAD_TOKEN, VIDEO_PAD_TOKEN, VISION_END_TOKEN, VISION_START_TOKEN, WAM_DIFF_CONFIG_NAME
 from ..errors import WamDiffError
 from .atomic import atomic_directory
 from .presets import QWEN_SPECIAL_IDS, PresetError, build_config, get_preset, preset_names
 from .processor import IMAGE_PROCESSOR_FILE, VLProcessor
 from .settings import WamDiffSettings
+from .shipped import resolve_model
 from .tokenizer import nano_image_processor, train_nano_tokenizer
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -229,22 +229,6 @@ def build_preset(name: str, device: str | torch.device = "cpu", dtype: torch.dty
     model.eval()
     settings = WamDiffSettings(mask_token_id=mask_id, eos_token_id=ids["eos_token_id"])
     return LoadedModel(model, processor, settings, name=name)
-
-
-SHIPPED_MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / SHIPPED_MODEL
-
-
-def resolve_model(model: str) -> str:
-    """What `model` names for the loader: SHIPPED_MODEL ("nano-s-b32") is the repository's models/nano-s-b32, or
-    the untrained `nano` preset (with a one-line warning on stderr) where that directory is absent; a directory
-    of that name here, and every other name, stay as they are."""
-    if model != SHIPPED_MODEL or Path(model).is_dir():
-        return model
-    if SHIPPED_MODEL_DIR.is_dir():
-        return str(SHIPPED_MODEL_DIR)
-    print(f"warning: the shipped model {SHIPPED_MODEL} is not at {SHIPPED_MODEL_DIR}; using the untrained 'nano' "
-          f"preset", file=sys.stderr)
-    return "nano"
 
 
 def load(model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> LoadedModel:

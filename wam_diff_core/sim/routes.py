@@ -123,8 +123,9 @@ def _checkpoint_settings(policy_spec: str):
     """A checkpoint directory's `wam_diff.json` settings, None without one (built-in policies, presets). Reads the
     one JSON file (no model load); a malformed one raises its ValueError naming the file."""
     from ..model.settings import WamDiffSettings
+    from ..model.shipped import resolve_model
 
-    path = Path(policy_spec) / WAM_DIFF_CONFIG_NAME
+    path = Path(resolve_model(policy_spec)) / WAM_DIFF_CONFIG_NAME
     return WamDiffSettings.load(path) if path.is_file() else None
 
 
