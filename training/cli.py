@@ -249,11 +249,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _require_datasets(paths: list) -> None:
     """Name a missing dataset file before any model is built or loaded."""
-    from .data import DataError
+    from .data import require_dataset_file
 
     for path in paths:
-        if path is not None and not Path(path).is_file():
-            raise DataError(f"dataset file not found: {path} (expected a JSON or JSONL file of samples)")
+        if path is not None:
+            require_dataset_file(path)
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -83,11 +83,17 @@ class BadSample:
     reason: str
 
 
-def read_samples(path: Union[str, Path]) -> list[dict]:
-    """Samples of a JSON list or JSONL file. Raises DataError naming the file (and line) when unreadable."""
+def require_dataset_file(path: Union[str, Path]) -> Path:
+    """`path` as a Path when it is a file; a DataError naming it otherwise."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"dataset file not found: {path}")
+        raise DataError(f"dataset file not found: {path} (expected a JSON or JSONL file of samples)")
+    return path
+
+
+def read_samples(path: Union[str, Path]) -> list[dict]:
+    """Samples of a JSON list or JSONL file. Raises DataError naming the file (and line) when unreadable."""
+    path = require_dataset_file(path)
     text = path.read_text(encoding="utf-8")
     stripped = text.lstrip()
     if stripped.startswith("["):
