@@ -1,4 +1,4 @@
-"""ament_python package `wam_diff_ros`; also installs the libraries wam_diff_core, kernels and training."""
+"""ament_python package `wam_diff_ros`; also installs the libraries wam_diff_core, wam_diff_kernels and wam_diff_training."""
 from glob import glob
 
 from setuptools import find_packages, setup
@@ -10,7 +10,7 @@ setup(
     version="1.0.0",
     # flat layout: the packages sit at the repository root (an editable install puts the root on sys.path)
     package_dir={"": "."},
-    packages=find_packages(include=["wam_diff_core*", "kernels*", "training*", "wam_diff_ros*"]),
+    packages=find_packages(include=["wam_diff_core*", "wam_diff_kernels*", "wam_diff_training*", "wam_diff_ros*"]),
     package_data={"wam_diff_core.data": ["*.json"]},  # the closed-loop route suite
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
@@ -32,7 +32,7 @@ setup(
     entry_points={
         "console_scripts": [
             "wam-diff = wam_diff_core.cli:main",
-            "wam-diff-train = training.cli:main",
+            "wam-diff-train = wam_diff_training.cli:main",
             "wam-diff-planner = wam_diff_ros.planner_node:main",
             "wam-diff-highway-bridge = wam_diff_ros.highway_bridge_node:main",
             "wam-diff-demo = wam_diff_ros.demo:main",
@@ -40,6 +40,6 @@ setup(
             "wam-diff-bench2drive = wam_diff_ros.carla.runner:main",
             "wam-diff-carla-bridge = wam_diff_ros.carla_bridge_node:main",
         ],
-        "wam_diff_core.extensions": ["kernels = kernels.plugin:register"],
+        "wam_diff_core.extensions": ["kernels = wam_diff_kernels.plugin:register"],
     },
 )

@@ -16,7 +16,7 @@
 # own time limit, and the ladders write their JSON after every row: a step that runs out of time still leaves
 # what it measured. The limits sum to under 10 min with one TF_MODELS model (on an H200: about 4 min for the
 # default steps, 7 min with every step and rung; the ladders may reach their limits).
-# FlashInfer JIT-compiles its kernels on first use: `python -m kernels.jit_warmup` builds the four
+# FlashInfer JIT-compiles its kernels on first use: `python -m wam_diff_kernels.jit_warmup` builds the four
 # modules the backend loads (batch and single prefill, head sizes 64 and 128) in parallel processes,
 # in the background while the SDPA tests run, so no timed run pays for a build. FLASHINFER_CUDA_ARCH_LIST
 # limits the builds to this GPU, and the backend keeps to the FA2 family unless
@@ -103,8 +103,8 @@ import sys, torch, transformers, kernels
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
       "transformers", transformers.__version__)
 print("cuda available", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else "")
-print("missing for flashinfer:", kernels.missing_for_flashinfer() or "nothing")
-if kernels.flashinfer_installed():
+print("missing for flashinfer:", wam_diff_kernels.missing_for_flashinfer() or "nothing")
+if wam_diff_kernels.flashinfer_installed():
     import flashinfer
     print("flashinfer", flashinfer.__version__)
 EOF
@@ -130,16 +130,16 @@ if [ -z "$(grep '^missing for flashinfer: nothing' "$OUT/env.txt")" ]; then
     JIT_PID=""
 else
     step "jit warm-up started in the background (limit ${JIT_LIMIT}s)"
-    timeout --signal=INT --kill-after=15 "$JIT_LIMIT" $PY -m kernels.jit_warmup --head-dims 64,128 \
+    timeout --signal=INT --kill-after=15 "$JIT_LIMIT" $PY -m wam_diff_kernels.jit_warmup --head-dims 64,128 \
         > "$OUT/jit.log" 2>&1 &
     JIT_PID=$!
 fi
 # 3. GPU tests that need no FlashInfer (captured SDPA decoding against the eager reference, no host sync;
 #    TESTS=all, the default), and the teacher-forced check's variants that need no FlashInfer, per model of
-#    TF_MODELS (kernels.teacher_forced: bf16 steps along a float32 decode)
+#    TF_MODELS (wam_diff_kernels.teacher_forced: bf16 steps along a float32 decode)
 TESTS=${TESTS:-all}
 [ "$TESTS" = all ] && run_step 80 "$OUT/tests.log" "gpu tests, SDPA + CUDA graphs" -- "${PYTEST[@]}" -k "not flashinfer"
-TF=($PY -m kernels.teacher_forced --device cuda --dtype bfloat16 --block-size 32 --steps ${TF_STEPS:-4,8})
+TF=($PY -m wam_diff_kernels.teacher_forced --device cuda --dtype bfloat16 --block-size 32 --steps ${TF_STEPS:-4,8})
 tf_name() { basename "$1"; }
 for model in ${TF_MODELS:-nano}; do
     run_step 55 "$OUT/tests.log" "teacher-forced $model, SDPA variants" -- "${TF[@]}" --model "$model" \
@@ -162,7 +162,7 @@ done
 for model in ${LADDERS:-nano qwen3-vl-2b}; do
     limit=90
     [ "$model" = qwen3-vl-2b ] && limit=220  # includes torch.compile of the compiled_graphs rung
-    run_step $limit "$OUT/ladder.log" "ladder $model" -- $PY -m kernels.ladder --model "$model" --device cuda \
+    run_step $limit "$OUT/ladder.log" "ladder $model" -- $PY -m wam_diff_kernels.ladder --model "$model" --device cuda \
         --dtype bfloat16 --block-size 32 --steps ${LADDER_STEPS:-8,16} --batch-sizes 1,8 --new-tokens 96 --repeats 3 \
         ${LADDER_RUNGS:+--rungs $LADDER_RUNGS} --out "$OUT/ladder_$(tf_name "$model").json"
 done

@@ -1,12 +1,12 @@
-"""`wam-diff-train balance-waits` (training.balance_waits): standing junction samples whose label stays, cut to
+"""`wam-diff-train balance-waits` (wam_diff_training.balance_waits): standing junction samples whose label stays, cut to
 the departing ones."""
 import argparse
 import json
 
 import pytest
 
-from training import balance_waits
-from training.cli import main as train_main
+from wam_diff_training import balance_waits
+from wam_diff_training.cli import main as train_main
 from wam_diff_core.prompts import planning_prompt
 from wam_diff_core.types import EgoState
 

@@ -1,12 +1,12 @@
-"""`wam-diff-train bending-samples` (training.bending_samples): the planning samples whose target bends, written
+"""`wam-diff-train bending-samples` (wam_diff_training.bending_samples): the planning samples whose target bends, written
 beside their source."""
 import argparse
 import json
 
 import pytest
 
-from training import bending_samples as bending
-from training.cli import main as train_main
+from wam_diff_training import bending_samples as bending
+from wam_diff_training.cli import main as train_main
 
 
 def _main(argv: list) -> int:

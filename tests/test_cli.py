@@ -82,10 +82,10 @@ def test_demo_runs_the_shipped_model_with_its_own_settings_by_default(tmp_path, 
 
 
 def test_report_moved_to_the_training_command():
-    from training.cli import COMMANDS as TRAINING_COMMANDS
+    from wam_diff_training.cli import COMMANDS as TRAINING_COMMANDS
     from wam_diff_core.cli import COMMANDS
 
-    assert "report" not in COMMANDS and TRAINING_COMMANDS["report"][0] == "training.report.report"
+    assert "report" not in COMMANDS and TRAINING_COMMANDS["report"][0] == "wam_diff_training.report.report"
     with pytest.raises(SystemExit) as exc:
-        main(["report", "--spec", "training/configs/report.yaml", "--out", "runs/report"])
+        main(["report", "--spec", "wam_diff_training/configs/report.yaml", "--out", "runs/report"])
     assert exc.value.code == 2

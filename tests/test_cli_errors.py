@@ -19,7 +19,7 @@ from wam_diff_core.cli import main as wam_diff
 from wam_diff_core.console import DEBUG_ENV, console_main, strip_debug_flag
 from wam_diff_core.errors import WamDiffError
 from wam_diff_core.model.checkpoint import CheckpointError
-from training.cli import main as wam_diff_train
+from wam_diff_training.cli import main as wam_diff_train
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_CONFIG = "model: nano\ntrain:\n  max_steps: 1\n  batch_size: 1\neval:\n  enabled: false\n"
@@ -74,9 +74,9 @@ def test_an_unknown_training_config_key_is_one_line_naming_file_key_and_the_like
 
 
 def test_an_unknown_report_spec_key_is_one_line_naming_file_and_key(capsys, tmp_path):
-    import training.cli
+    import wam_diff_training.cli
 
-    if "report" not in getattr(training.cli, "COMMANDS", {}):
+    if "report" not in getattr(wam_diff_training.cli, "COMMANDS", {}):
         pytest.skip("this installation has no wam-diff-train report")
     spec = tmp_path / "spec.yaml"
     spec.write_text("data: {planning: val.json}\nmodelz: []\n")
@@ -87,12 +87,12 @@ def test_an_unknown_report_spec_key_is_one_line_naming_file_and_key(capsys, tmp_
 
 
 def test_a_missing_dataset_file_is_one_line_before_any_model_is_built(capsys, tmp_path, monkeypatch):
-    import training.trainer
+    import wam_diff_training.trainer
 
     def no_training(*args, **kwargs):
         raise AssertionError("the stage started although its dataset file is missing")
 
-    monkeypatch.setattr(training.trainer, "run_stage", no_training)
+    monkeypatch.setattr(wam_diff_training.trainer, "run_stage", no_training)
     config = tmp_path / "small.yaml"
     config.write_text(SMALL_CONFIG)
     missing = tmp_path / "nonexistent.json"
@@ -116,7 +116,7 @@ def test_the_installed_script_prints_one_line_and_its_traceback_under_wam_diff_d
     config = tmp_path / "bad.yaml"
     config.write_text("optim:\n  learning_rate: 1e-4\n")
     script = Path(sys.executable).parent / "wam-diff-train"
-    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "training.cli"]
+    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "wam_diff_training.cli"]
     cmd += ["ar", "--config", str(config), "--out", str(tmp_path / "run")]
     env = {k: v for k, v in os.environ.items() if k != DEBUG_ENV}
     plain = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
@@ -124,7 +124,7 @@ def test_the_installed_script_prints_one_line_and_its_traceback_under_wam_diff_d
     assert plain.stderr.startswith(f"wam-diff-train ar: error: {config}: unknown config key 'optim.learning_rate'")
     debug = subprocess.run(cmd, capture_output=True, text=True, env={**env, DEBUG_ENV: "1"}, timeout=120)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
-    assert debug.stderr.rstrip().splitlines()[-1].startswith("training.config.ConfigError: ")
+    assert debug.stderr.rstrip().splitlines()[-1].startswith("wam_diff_training.config.ConfigError: ")
 
 
 @console_main("tool", subcommands=True)

@@ -265,7 +265,7 @@ def test_the_ar_baseline_with_the_mask_id_never_picks_it_and_equals_the_block_de
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static"])
 def test_the_static_decoder_on_cpu_never_commits_the_mask_token_either(nano, runner, mask_lover, camera_image,
                                                                       strategy):
-    from kernels.graph_runner import GraphRunner
+    from wam_diff_kernels.graph_runner import GraphRunner
 
     batch = _batch(nano, camera_image, PROMPTS)
     mask, eos = nano.settings.mask_token_id, nano.settings.eos_token_id

@@ -1,5 +1,5 @@
 """The shape of the code, read from its syntax trees (nothing is imported): imports point one way
-(wam_diff_ros -> core, training -> core, kernels -> core; no module circles, lazy imports inside functions
+(wam_diff_ros -> core, wam_diff_training -> core, wam_diff_kernels -> core; no module circles, lazy imports inside functions
 included) and no function in the core, the ROS package or training runs over MAX_FUNCTION_LINES."""
 import ast
 import re
@@ -7,15 +7,15 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("wam_diff_core", "kernels", "training", "wam_diff_ros")
+PACKAGES = ("wam_diff_core", "wam_diff_kernels", "wam_diff_training", "wam_diff_ros")
 # package -> packages it must not import (nor name by a module-path string)
 FORBIDDEN = {
-    "wam_diff_core": ("kernels", "training", "wam_diff_ros"),
-    "training": ("wam_diff_ros",),
-    "kernels": ("training", "wam_diff_ros"),
+    "wam_diff_core": ("wam_diff_kernels", "wam_diff_training", "wam_diff_ros"),
+    "wam_diff_training": ("wam_diff_ros",),
+    "wam_diff_kernels": ("wam_diff_training", "wam_diff_ros"),
 }
 MAX_FUNCTION_LINES = 80
-SHORT_FUNCTION_PACKAGES = ("wam_diff_core", "wam_diff_ros", "training")
+SHORT_FUNCTION_PACKAGES = ("wam_diff_core", "wam_diff_ros", "wam_diff_training")
 IMPORTERS = {"import_module", "__import__", "find_spec"}
 
 
@@ -116,8 +116,8 @@ def test_no_module_imports_itself_back_through_a_circle():
 
 
 def _module_path_strings(tree: ast.Module, packages: tuple[str, ...]) -> list[tuple[int, str]]:
-    """String constants that name a module of `packages`: a dotted path ("training.report",
-    "kernels.plugin:register"), or a bare package name handed to an import function."""
+    """String constants that name a module of `packages`: a dotted path ("wam_diff_training.report",
+    "wam_diff_kernels.plugin:register"), or a bare package name handed to an import function."""
     dotted = re.compile(rf"({'|'.join(packages)})(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")
     found = []
     for node in ast.walk(tree):
@@ -166,5 +166,6 @@ def test_the_checks_see_a_circle_an_upward_import_and_a_module_path_string():
     assert _cycles(graph, "abcdef") == [["a", "b", "c"], ["d", "e"]]
     node = ast.parse("from ..extensions import Registry").body[0]
     assert _targets("wam_diff_core.model.runner", node) == ["wam_diff_core.extensions"]
-    tree = ast.parse('LAZY = {"report": "training.report"}\nimportlib.import_module("kernels")\nHELP = "training data"')
-    assert _module_path_strings(tree, ("kernels", "training")) == [(1, "training.report"), (2, "kernels")]
+    tree = ast.parse('LAZY = {"report": "wam_diff_training.report"}\nimportlib.import_module("wam_diff_kernels")\nHELP = "training data"')
+    assert _module_path_strings(tree, ("wam_diff_kernels", "wam_diff_training")) == [
+        (1, "wam_diff_training.report"), (2, "wam_diff_kernels")]

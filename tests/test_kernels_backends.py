@@ -1,4 +1,4 @@
-"""`kernels` on a machine with no CUDA and no flashinfer: imports, clear errors, and the host-side
+"""`wam_diff_kernels` on a machine with no CUDA and no flashinfer: imports, clear errors, and the host-side
 planning of the FlashInfer backend checked against the SDPA masks it replaces."""
 import sys
 from importlib.metadata import entry_points
@@ -6,24 +6,24 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-import kernels
-from kernels import flashinfer_attention as fa
-from kernels.graph_runner import GraphRunner
-from kernels.static_cache import StaticKVCache
+import wam_diff_kernels
+from wam_diff_kernels import flashinfer_attention as fa
+from wam_diff_kernels.graph_runner import GraphRunner
+from wam_diff_kernels.static_cache import StaticKVCache
 from wam_diff_core import extensions
 from wam_diff_core.attention.block_mask import prompt_layout, visibility
 from wam_diff_core.model.runner import ModelRunner
 
-NO_FLASHINFER = bool(kernels.missing_for_flashinfer())
+NO_FLASHINFER = bool(wam_diff_kernels.missing_for_flashinfer())
 
 
 def test_import_kernels_needs_neither_cuda_nor_flashinfer():
-    import kernels.graph_runner  # noqa: F401
-    import kernels.remask_ops  # noqa: F401
-    import kernels.ladder  # noqa: F401
+    import wam_diff_kernels.graph_runner  # noqa: F401
+    import wam_diff_kernels.remask_ops  # noqa: F401
+    import wam_diff_kernels.ladder  # noqa: F401
 
-    assert isinstance(kernels.cuda_available(), bool) and isinstance(kernels.flashinfer_installed(), bool)
-    if not kernels.flashinfer_installed():
+    assert isinstance(wam_diff_kernels.cuda_available(), bool) and isinstance(wam_diff_kernels.flashinfer_installed(), bool)
+    if not wam_diff_kernels.flashinfer_installed():
         assert "flashinfer" not in sys.modules  # probes look, they do not import
     from transformers import AttentionInterface
 
@@ -32,18 +32,18 @@ def test_import_kernels_needs_neither_cuda_nor_flashinfer():
 
 def test_kernels_plug_into_the_core_through_the_entry_point():
     points = {p.name: p.value for p in entry_points(group=extensions.ENTRY_POINT_GROUP)}
-    assert points.get("kernels") == "kernels.plugin:register", "entry point missing: reinstall with pip install -e ."
+    assert points.get("kernels") == "wam_diff_kernels.plugin:register", "entry point missing: reinstall with pip install -e ."
     registry = extensions.Registry()  # reads the entry points on its first lookup
     assert registry.names("attention backend") == ("flashinfer",)
     assert registry.names("text layers") == ("compiled", "fast") and registry.names("decoder") == ("static",)
-    assert registry.get("attention backend", "flashinfer").missing() == kernels.missing_for_flashinfer()
+    assert registry.get("attention backend", "flashinfer").missing() == wam_diff_kernels.missing_for_flashinfer()
 
 
 @pytest.mark.skipif(not NO_FLASHINFER, reason="CUDA and flashinfer are both present: nothing is missing")
 def test_flashinfer_backend_raises_naming_what_is_missing(nano):
     with pytest.raises(RuntimeError, match="flashinfer attention backend needs") as err:
-        kernels.require_flashinfer()
-    for missing in kernels.missing_for_flashinfer():
+        wam_diff_kernels.require_flashinfer()
+    for missing in wam_diff_kernels.missing_for_flashinfer():
         assert missing.split(" ")[0] in str(err.value)
     with pytest.raises(RuntimeError, match="needs"):
         GraphRunner(ModelRunner(nano.model, "sdpa"), nano.settings.mask_token_id, attention="flashinfer")
@@ -87,7 +87,7 @@ def test_flashinfer_step_lengths_equal_the_static_sdpa_masks_key_limits():
 
 
 def test_ladder_on_cpu_runs_the_eager_rungs_and_skips_the_gpu_ones_with_a_reason(nano, tmp_path):
-    from kernels import ladder
+    from wam_diff_kernels import ladder
 
     args = ladder.parser().parse_args([
         "--model", "nano", "--device", "cpu", "--dtype", "float32", "--block-size", "4", "--steps", "2",

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels.fast_layers import FastTextLayers, rms_norm
-from kernels.graph_runner import GraphRunner, forward_static
-from kernels.ladder import launch_count
+from wam_diff_kernels.fast_layers import FastTextLayers, rms_norm
+from wam_diff_kernels.graph_runner import GraphRunner, forward_static
+from wam_diff_kernels.ladder import launch_count
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
 
@@ -99,8 +99,8 @@ def test_decoder_config_text_layers_pick_the_layers_of_either_path(nano, nano_ru
     """`DecoderConfig(text_layers=...)` (policy, CLI, ROS parameter): the eager decoder (dynamic remasking)
     runs the fast layers for its steps and restores the runner's own after; with CUDA graphs asked for (the
     static path; no graphs on a CPU) the GraphRunner gets them. Same tokens as the model's layers."""
-    from kernels import graph_runner
-    from kernels.fast_layers import FastTextLayers
+    from wam_diff_kernels import graph_runner
+    from wam_diff_kernels.fast_layers import FastTextLayers
 
     monkeypatch.setattr(graph_runner, "_RUNNERS", {})
     ids = nano.settings

@@ -19,9 +19,9 @@ import types
 import pytest
 import torch
 
-from kernels import flashinfer_attention as fa
-from kernels import graph_runner
-from kernels.graph_runner import GraphRunner
+from wam_diff_kernels import flashinfer_attention as fa
+from wam_diff_kernels import graph_runner
+from wam_diff_kernels.graph_runner import GraphRunner
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
 from wam_diff_core.model.runner import ModelRunner
@@ -128,7 +128,7 @@ def test_flashinfer_glue_prefill_and_block_steps_decode_the_reference_tokens(nan
 
 
 def test_flashinfer_glue_serves_the_fast_layers_too(nano, batch):
-    """kernels.fast_layers hands the step's spec (and so its FlashInfer plan) to the registered backend."""
+    """wam_diff_kernels.fast_layers hands the step's spec (and so its FlashInfer plan) to the registered backend."""
     ids = nano.settings
     cfg = DecoderConfig(block_size=8, steps=2, strategy="low_confidence_static", max_new_tokens=20, ignore_eos=True)
     ref = generate(ModelRunner(nano.model, "sdpa"), batch, cfg, ids.mask_token_id, ids.eos_token_id)
@@ -167,7 +167,7 @@ def test_block_sparse_prefill_splits_a_partial_last_block_off():
 def test_jit_warmup_makes_the_backends_own_calls_for_both_module_kinds(monkeypatch):
     """The warm-up builds modules by calling the backend's code (so it builds what the backend loads):
     the paged block step in both graph modes, the block-sparse prefill, and a single prefill."""
-    from kernels import jit_warmup
+    from wam_diff_kernels import jit_warmup
 
     calls = []
     fake = types.SimpleNamespace(
@@ -196,10 +196,10 @@ def _dropping_keys(n_drop):
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_teacher_forcing_tells_a_wrong_attention_kernel_from_a_right_one(nano, batch, monkeypatch, broken):
-    """kernels.teacher_forced on float32 with the stand-in: a right kernel follows the reference exactly
+    """wam_diff_kernels.teacher_forced on float32 with the stand-in: a right kernel follows the reference exactly
     (every masked position's argmax, logits within float32 rounding); one that drops 8 keys per request
     flips decisive positions, and its logits are far off."""
-    from kernels.teacher_forced import compare, decode_logged
+    from wam_diff_kernels.teacher_forced import compare, decode_logged
 
     if broken:
         monkeypatch.setattr(FAKE, "BatchPrefillWithPagedKVCacheWrapper", _dropping_keys(8))

@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 
-import kernels
-from kernels.graph_runner import GraphRunner
-from kernels.static_cache import StaticKVCache
+import wam_diff_kernels
+from wam_diff_kernels.graph_runner import GraphRunner
+from wam_diff_kernels.static_cache import StaticKVCache
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
 from wam_diff_core.model.runner import ModelRunner
@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)"),
 ]
 needs_flashinfer = pytest.mark.skipif(
-    bool(kernels.missing_for_flashinfer()), reason="needs " + " and ".join(kernels.missing_for_flashinfer())
+    bool(wam_diff_kernels.missing_for_flashinfer()), reason="needs " + " and ".join(wam_diff_kernels.missing_for_flashinfer())
 )
 
 PROMPTS = [
@@ -63,7 +63,7 @@ def test_captured_sdpa_decode_is_token_identical_to_the_eager_reference_on_cuda(
 
 @pytest.mark.parametrize("layers", ["fast", "compiled"])
 def test_captured_fast_layers_decode_the_eager_reference_tokens_on_cuda(nano, camera_image, layers):
-    """kernels.fast_layers inside the captured graphs (and with torch.compile: Triton kernels in the graph)."""
+    """wam_diff_kernels.fast_layers inside the captured graphs (and with torch.compile: Triton kernels in the graph)."""
     runner = ModelRunner(_model(nano, torch.float32), "sdpa")
     batch, cfg, ids = _batch(nano, camera_image), _cfg(32, 8), nano.settings
     ref = generate(runner, batch, cfg, ids.mask_token_id, ids.eos_token_id)
@@ -92,7 +92,7 @@ def test_captured_dynamic_remasking_with_eos_matches_the_reference_on_cuda(nano,
     (2, 4, 4, 2, 64, 192, [100, 73]),  # nano's heads, a block of 4, a capacity that is not a power of two
 ])
 def test_flashinfer_block_step_equals_sdpa_over_the_static_mask(fused, b, B, heads, kv_heads, d, cap, lens):
-    from kernels.flashinfer_attention import StepPlanner
+    from wam_diff_kernels.flashinfer_attention import StepPlanner
 
     torch.manual_seed(0)
     cache = StaticKVCache(1, b, kv_heads, d, cap, torch.bfloat16, "cuda")
@@ -117,7 +117,7 @@ def test_flashinfer_block_step_equals_sdpa_over_the_static_mask(fused, b, B, hea
 @needs_flashinfer
 @pytest.mark.parametrize("mode", ["block_sparse", "custom_mask"])
 def test_flashinfer_prefill_matches_sdpa_on_a_padded_batch(nano, camera_image, mode, monkeypatch):
-    from kernels.flashinfer_attention import use_flashinfer
+    from wam_diff_kernels.flashinfer_attention import use_flashinfer
 
     monkeypatch.setenv("WAM_FLASHINFER_PREFILL", mode)
     batch = _batch(nano, camera_image)
@@ -143,7 +143,7 @@ def test_flashinfer_steps_are_as_close_to_float32_as_sdpa_steps_teacher_forced(n
     random nano's free-running bf16 decode agreed on 17-27 % of tokens with FlashInfer and with
     torch.compiled layers alike. A kernel that drops keys is off by >0.4 of the logits' scale and flips
     decisive positions (tests/test_kernels_flashinfer_glue.py)."""
-    from kernels.teacher_forced import compare, decode_logged
+    from wam_diff_kernels.teacher_forced import compare, decode_logged
 
     ids = nano.settings
     batch, cfg = _batch(nano, camera_image), _cfg(B, K)
@@ -167,7 +167,7 @@ def test_captured_flashinfer_decode_replays_the_eager_decode_over_graph_mode_pla
     """Same kernels, same plans: the captured decode gives exactly the tokens of the eager decode whose
     FlashInfer plans are made in CUDA-graph mode (plans made outside it may split the keys differently,
     so their bf16 rounding, and a near-tied random model's greedy tokens, may differ)."""
-    from kernels.teacher_forced import variant_runner
+    from wam_diff_kernels.teacher_forced import variant_runner
 
     ids = nano.settings
     batch, cfg = _batch(nano, camera_image), _cfg(B, K)
@@ -239,7 +239,7 @@ def test_a_static_block_makes_no_host_sync_on_cuda(nano, camera_image, attention
 
 
 def _prefill_cache(nano, batch, dtype, backend, B):
-    from kernels.flashinfer_attention import use_flashinfer
+    from wam_diff_kernels.flashinfer_attention import use_flashinfer
 
     runner = ModelRunner(_model(nano, dtype), "sdpa")
     if backend == "flashinfer":
@@ -277,8 +277,8 @@ def test_flashinfer_static_step_matches_sdpa_layer_by_layer(nano, camera_image):
     and with FlashInfer: each layer's output against SDPA's (relative to its scale). Says at which layer a
     FlashInfer decode first leaves SDPA (layer 0: the kernel call; later layers only: what a layer's cache
     view or the step's inputs carry)."""
-    from kernels.flashinfer_attention import StepPlanner, use_flashinfer
-    from kernels.graph_runner import forward_static
+    from wam_diff_kernels.flashinfer_attention import StepPlanner, use_flashinfer
+    from wam_diff_kernels.graph_runner import forward_static
     from wam_diff_core.attention.backends import use_backend
 
     ids = nano.settings

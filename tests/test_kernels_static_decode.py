@@ -3,9 +3,9 @@ decoder on the nano model, on the CPU: same tokens, bounded host syncs."""
 import pytest
 import torch
 
-from kernels import graph_runner
-from kernels.graph_runner import GraphRunner, generate_static
-from kernels.static_cache import StaticKVCache
+from wam_diff_kernels import graph_runner
+from wam_diff_kernels.graph_runner import GraphRunner, generate_static
+from wam_diff_kernels.static_cache import StaticKVCache
 from wam_diff_core.decoding.block_diffusion import generate
 from wam_diff_core.decoding.config import DecoderConfig
 
@@ -154,7 +154,7 @@ def test_block_size_one_is_delegated_to_the_reference_ar_path(nano, nano_runner,
 
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static", "sequential"])
 def test_remask_step_traces_as_one_graph_and_commits_what_eager_commits(strategy):
-    from kernels.remask_ops import remask_step
+    from wam_diff_kernels.remask_ops import remask_step
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 8, 50, generator=gen) * 3

@@ -1,10 +1,10 @@
-"""`python -m kernels.teacher_forced` on the CPU: the report, its rows, --append (tests/test_kernels_flashinfer_glue.py
+"""`python -m wam_diff_kernels.teacher_forced` on the CPU: the report, its rows, --append (tests/test_kernels_flashinfer_glue.py
 checks that the comparison tells a wrong attention kernel from a right one)."""
 import json
 
 import pytest
 
-from kernels import teacher_forced
+from wam_diff_kernels import teacher_forced
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one CPU thread for the module
 

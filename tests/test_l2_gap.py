@@ -1,4 +1,4 @@
-"""`wam-diff-train l2-gap` (training.report.l2_gap_cli): paired planning L2 of several models with bootstrap
+"""`wam-diff-train l2-gap` (wam_diff_training.report.l2_gap_cli): paired planning L2 of several models with bootstrap
 intervals of the gap to a reference."""
 import argparse
 import dataclasses
@@ -11,9 +11,9 @@ from PIL import Image
 
 from wam_diff_core.codec import format_trajectory
 from wam_diff_core.eval.l2 import l2_per_horizon, l2_per_sample
-from training.cli import main as train_main
-from training.report import l2_gap_cli as gap
-from training.report.l2_gap import compare, tail
+from wam_diff_training.cli import main as train_main
+from wam_diff_training.report import l2_gap_cli as gap
+from wam_diff_training.report.l2_gap import compare, tail
 from wam_diff_core.model.checkpoint import load_model, save_model
 
 
@@ -175,7 +175,7 @@ def test_a_checkpoint_decodes_at_its_own_steps_unless_the_spec_or_the_options_sa
 
 
 def test_speed_pass_decodes_each_entry_as_its_checkpoint_and_suffixes_say(nano_ckpt, tmp_path, capsys):
-    from training.report import speed_pass
+    from wam_diff_training.report import speed_pass
 
     ckpt = _checkpoint(nano_ckpt, tmp_path / "k8", block_size=16, steps=8)
     split, out = _split(tmp_path / "data", n=2), tmp_path / "speed"
@@ -231,7 +231,7 @@ def _predictions(path: Path, side: float, n: int = 3, broken: tuple = ()) -> Pat
 
 
 def test_gap_to_reference_pairs_the_plans_both_models_parse(tmp_path):
-    from training.report.l2_gap import gap_to_reference, ground_truth
+    from wam_diff_training.report.l2_gap import gap_to_reference, ground_truth
 
     truth = ground_truth(_split(tmp_path / "data"))
     ref = _predictions(tmp_path / "ref.jsonl", 1.0)
@@ -247,8 +247,8 @@ def test_gap_to_reference_pairs_the_plans_both_models_parse(tmp_path):
 def test_report_rows_show_the_gap_to_their_ar_model(tmp_path):
     from types import SimpleNamespace
 
-    from training.report import Report
-    from training.report.table import COLUMNS, render
+    from wam_diff_training.report import Report
+    from wam_diff_training.report.table import COLUMNS, render
 
     split = _split(tmp_path / "data")
 

@@ -1,13 +1,13 @@
-"""training.report.groups and `wam-diff-train l2-gap --by-group`: planning L2 and along-track bias per kind of plan."""
+"""wam_diff_training.report.groups and `wam-diff-train l2-gap --by-group`: planning L2 and along-track bias per kind of plan."""
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from training.report import groups
-from training.report import l2_gap_cli as gap
-from training.report.l2_gap import plans_by_id
+from wam_diff_training.report import groups
+from wam_diff_training.report import l2_gap_cli as gap
+from wam_diff_training.report.l2_gap import plans_by_id
 from wam_diff_core.codec import format_trajectory
 
 # id -> (scenario, ego forward speed m/s); references run straight ahead at 1 m per 0.5 s

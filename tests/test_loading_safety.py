@@ -30,7 +30,7 @@ from wam_diff_core.console import one_line
 from wam_diff_core.model.checkpoint import CheckpointError, load, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("wam_diff_core", "wam_diff_ros", "training", "kernels", "launch", "scripts")
+PACKAGES = ("wam_diff_core", "wam_diff_ros", "wam_diff_training", "wam_diff_kernels", "launch", "scripts")
 
 
 def _sources() -> list[Path]:
@@ -109,8 +109,8 @@ def _one_line_refusal(text: str, path: Path) -> None:
 
 
 def test_training_config_refuses_a_python_tag_in_one_line(tmp_path, capsys):
-    from training.cli import main as train_main
-    from training.config import ConfigError, load_config
+    from wam_diff_training.cli import main as train_main
+    from wam_diff_training.config import ConfigError, load_config
 
     marker, path = tmp_path / "ran", tmp_path / "cfg.yaml"
     path.write_text(yaml_payload(marker))
@@ -126,7 +126,7 @@ def test_training_config_refuses_a_python_tag_in_one_line(tmp_path, capsys):
 
 
 def test_report_spec_refuses_a_python_tag_in_one_line(tmp_path):
-    from training.report.spec import SpecError, load_spec
+    from wam_diff_training.report.spec import SpecError, load_spec
 
     marker, path = tmp_path / "ran", tmp_path / "spec.yaml"
     path.write_text(yaml_payload(marker))
@@ -137,9 +137,9 @@ def test_report_spec_refuses_a_python_tag_in_one_line(tmp_path):
 
 
 def test_recipe_refuses_a_python_tag_and_its_command_line_is_one_line(tmp_path, capsys):
-    from training.cli import main as train_main
-    from training.config import ConfigError
-    from training.recipe import load_recipe
+    from wam_diff_training.cli import main as train_main
+    from wam_diff_training.config import ConfigError
+    from wam_diff_training.recipe import load_recipe
 
     marker, path = tmp_path / "ran", tmp_path / "recipe.yaml"
     path.write_text(yaml_payload(marker))
@@ -239,7 +239,7 @@ def test_a_weight_map_naming_a_pickle_or_a_file_elsewhere_is_refused_before_open
 def test_a_resume_state_holding_a_pickled_object_is_refused_and_never_run(tmp_path):
     import torch
 
-    from training.state import STATE_FILE, ResumeStateError, load_resume
+    from wam_diff_training.state import STATE_FILE, ResumeStateError, load_resume
 
     marker = tmp_path / "ran"
     torch.save({"step": 3, "extra": _Touch(marker)}, tmp_path / STATE_FILE)
@@ -255,7 +255,7 @@ def test_a_resume_state_round_trips_the_rng_states_as_tensors_and_plain_values(t
 
     import torch
 
-    from training.state import STATE_FILE, load_resume, rng_state, set_rng_state
+    from wam_diff_training.state import STATE_FILE, load_resume, rng_state, set_rng_state
 
     torch.save({"step": 7, "rng": rng_state()}, tmp_path / STATE_FILE)
     expected = (torch.rand(3), np.random.rand(3), random.random())

@@ -8,12 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
-from training.cli import main
-from training.config import ConfigError, load_config
-from training.data import DrivingDataset
-from training.collate import collate
-from training.trainer import OCCUPANCY_HEAD_FILE
-from training.perception import occupancy_loss, occupancy_targets, sample_occupancy
+from wam_diff_training.cli import main
+from wam_diff_training.config import ConfigError, load_config
+from wam_diff_training.data import DrivingDataset
+from wam_diff_training.collate import collate
+from wam_diff_training.trainer import OCCUPANCY_HEAD_FILE
+from wam_diff_training.perception import occupancy_loss, occupancy_targets, sample_occupancy
 
 FAST = ["--no-progress", "--set", "train.threads=1", "--set", "train.tensorboard=false"]
 GRID = (1, 8, 16)  # a 256 x 128 frame: 8 x 16 patches of 16 px, 4 x 8 merged tokens of 32 px

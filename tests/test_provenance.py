@@ -1,4 +1,4 @@
-"""training.provenance: digests of a run's inputs and outputs, and the comparison that names the first difference."""
+"""wam_diff_training.provenance: digests of a run's inputs and outputs, and the comparison that names the first difference."""
 from __future__ import annotations
 
 import hashlib
@@ -12,9 +12,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from training.cli import main as train_main
-from training.provenance import compare, file_sha256, output_record, stage_inputs, tree_sha256
-from training.recipe import RECORD_FILE, load_recipe, run_recipe
+from wam_diff_training.cli import main as train_main
+from wam_diff_training.provenance import compare, file_sha256, output_record, stage_inputs, tree_sha256
+from wam_diff_training.recipe import RECORD_FILE, load_recipe, run_recipe
 
 
 def _tree(root: Path, files: dict) -> Path:

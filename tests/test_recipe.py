@@ -1,4 +1,4 @@
-"""training.recipe: a model card's commands run in order, timed, resumable; bad recipes named."""
+"""wam_diff_training.recipe: a model card's commands run in order, timed, resumable; bad recipes named."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training.cli import main as train_main
-from training.config import ConfigError
-from training.recipe import RECORD_FILE, StepFailed, load_recipe, run_recipe
+from wam_diff_training.cli import main as train_main
+from wam_diff_training.config import ConfigError
+from wam_diff_training.recipe import RECORD_FILE, StepFailed, load_recipe, run_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,10 +139,10 @@ def test_cli_reports_a_missing_command(tmp_path, capsys):
 
 
 def test_the_shipped_recipe_rebuilds_the_shipped_pair_from_its_own_steps():
-    """training/recipes/nano_s.yaml: 27 steps; every config it names exists; the last step exports the B = 32 model
+    """wam_diff_training/recipes/nano_s.yaml: 27 steps; every config it names exists; the last step exports the B = 32 model
     to runs/nano_s/nano-s-b32 (step export_ar its AR teacher to runs/nano_s/nano-s-ar); every checkpoint a step
     starts from is one an earlier step made; no step runs a file under scripts/."""
-    recipe = load_recipe(REPO / "training" / "recipes" / "nano_s.yaml")
+    recipe = load_recipe(REPO / "wam_diff_training" / "recipes" / "nano_s.yaml")
     assert len(recipe.steps) == 27 and str(recipe.out) == "runs/nano_s"
     last = recipe.steps[-1]
     assert last.run[:2] == ("wam-diff-train", "export") and last.run[3] == "runs/nano_s/nano-s-b32"  # SRC DST
@@ -189,22 +189,22 @@ def test_include_puts_the_other_recipes_steps_first(tmp_path):
 
 
 def test_the_ablation_recipes_continue_the_shipped_recipe():
-    chain = load_recipe(REPO / "training/recipes/nano_s.yaml")
+    chain = load_recipe(REPO / "wam_diff_training/recipes/nano_s.yaml")
     for name, added in (("ablate_direct", ["adapt_direct", "distill_direct"]),
                         ("ablate_teacher", ["distill_diffusion_teacher", "distill_ar_teacher"])):
-        ablation = load_recipe(REPO / f"training/recipes/{name}.yaml")
+        ablation = load_recipe(REPO / f"wam_diff_training/recipes/{name}.yaml")
         assert ablation.steps[:len(chain.steps)] == chain.steps
         assert [s.name for s in ablation.steps[len(chain.steps):]] == added
         assert ablation.out != chain.out  # its own record and logs, beside the chain's
 
 
 def test_every_shipped_recipe_and_the_configs_its_steps_name_load():
-    """The recipes in training/recipes and each --config their steps pass (with their `base:` chains)."""
+    """The recipes in wam_diff_training/recipes and each --config their steps pass (with their `base:` chains)."""
     import re
 
-    from training.config import load_config
+    from wam_diff_training.config import load_config
 
-    recipes = sorted((REPO / "training/recipes").glob("*.yaml"))
+    recipes = sorted((REPO / "wam_diff_training/recipes").glob("*.yaml"))
     assert {p.name for p in recipes} == {"nano_s.yaml", "ablate_direct.yaml", "ablate_teacher.yaml"}
     configs = set()
     for path in recipes:
@@ -212,17 +212,17 @@ def test_every_shipped_recipe_and_the_configs_its_steps_name_load():
         assert recipe.steps, path
         for step in recipe.steps:
             configs.update(re.findall(r"--config (\S+)", " ".join(step.run)))
-    assert "training/configs/nano_s_final.yaml" in configs
+    assert "wam_diff_training/configs/nano_s_final.yaml" in configs
     for cfg in sorted(configs):
         assert load_config(REPO / cfg).out.startswith("runs/"), cfg
-    base = load_config(REPO / "training/configs/nano_s.yaml")
-    dagger = load_config(REPO / "training/configs/nano_s_dagger1.yaml")
-    final = load_config(REPO / "training/configs/nano_s_final.yaml")
+    base = load_config(REPO / "wam_diff_training/configs/nano_s.yaml")
+    dagger = load_config(REPO / "wam_diff_training/configs/nano_s_dagger1.yaml")
+    final = load_config(REPO / "wam_diff_training/configs/nano_s_final.yaml")
     # a config keeps its bases' settings it does not name
     assert final.perception == base.perception and final.train.batch_size == base.train.batch_size
     assert (base.optim.lr, dagger.optim.lr, final.optim.lr, final.perception.occupancy_weight) == (1e-3, 3e-4, 3e-4, 1.0)
     # the route target switch: a base's data.route_targets reaches a child that replaces data.train
-    targets = {name: load_config(REPO / f"training/configs/nano_s_{name}.yaml").data.route_targets
+    targets = {name: load_config(REPO / f"wam_diff_training/configs/nano_s_{name}.yaml").data.route_targets
                for name in ("dagger1", "dagger2", "dagger3", "final")}
     assert targets == {"dagger1": False, "dagger2": False, "dagger3": False, "final": ["roundabout"]}
     assert {Path(d["path"]).name for d in final.data.train} >= {"train_balanced.json", "train_bending.json"}
@@ -230,7 +230,7 @@ def test_every_shipped_recipe_and_the_configs_its_steps_name_load():
 
 def test_steps_find_the_projects_commands_without_an_activated_venv(tmp_path, monkeypatch):
     """A bare `python` (or `wam-diff`) in a step is the interpreter running the recipe, not whatever PATH had first."""
-    from training.recipe import step_env
+    from wam_diff_training.recipe import step_env
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     env = step_env()

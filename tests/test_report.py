@@ -7,11 +7,11 @@ import pytest
 import yaml
 from PIL import Image
 
-from training.cli import main as train_main
-from training.data import spaced_indices
-from training.report import Report
-from training.report.spec import SpecError, load_spec, parse_spec
-from training.report.table import COLUMNS
+from wam_diff_training.cli import main as train_main
+from wam_diff_training.data import spaced_indices
+from wam_diff_training.report import Report
+from wam_diff_training.report.spec import SpecError, load_spec, parse_spec
+from wam_diff_training.report.table import COLUMNS
 from wam_diff_core.model.checkpoint import save_model
 
 EGO_VX = 3.0  # m/s; TRAJ drives 2 m/s, so constant velocity is 0.5 m off per waypoint (4 m at 4 s)
@@ -225,7 +225,7 @@ def test_report_counts_its_work_on_one_progress_bar_on_stderr(setup, capsys):
 
 
 def test_held_out_score_averages_the_validation_split_routes_only():
-    from training.report import held_out_score
+    from wam_diff_training.report import held_out_score
     from wam_diff_core.sim.datagen import VAL_FRACTION, assign_splits
     from wam_diff_core.sim.routes import load_routes
 
@@ -241,8 +241,8 @@ def test_held_out_score_averages_the_validation_split_routes_only():
 
 
 def test_scenario_scores_and_table_average_per_scenario_and_count_collisions():
-    from training.report import scenario_scores
-    from training.report.table import scenario_table
+    from wam_diff_training.report import scenario_scores
+    from wam_diff_training.report.table import scenario_table
 
     summary = {"routes": {
         "a": {"scenario": "merge", "score": 100.0, "infractions": []},
@@ -288,7 +288,7 @@ def test_a_spec_continues_its_base_spec(tmp_path):
 
 
 def test_the_shipped_report_specs_load():
-    specs = sorted((Path(__file__).resolve().parents[1] / "training/configs").glob("report*.yaml"))
+    specs = sorted((Path(__file__).resolve().parents[1] / "wam_diff_training/configs").glob("report*.yaml"))
     assert {p.name for p in specs} >= {"report.yaml", "report_all.yaml"}
     for path in specs:
         assert load_spec(path).models, path

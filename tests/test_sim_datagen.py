@@ -73,7 +73,7 @@ def test_answers_parse_back_and_planning_future_is_the_expert_path(dataset):
 
 
 def test_training_loader_reads_the_dataset_with_images(dataset, nano):
-    from training.data import DrivingDataset, load_image
+    from wam_diff_training.data import DrivingDataset, load_image
 
     out, _ = dataset
     ds = DrivingDataset(out / "train.json", nano.processor, on_bad_sample="error")

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from training.average import AVERAGE_FILE, AverageError, average, parse_weights
-from training.cli import main
+from wam_diff_training.average import AVERAGE_FILE, AverageError, average, parse_weights
+from wam_diff_training.cli import main
 from wam_diff_core.model.checkpoint import load_model, save_model
 
 

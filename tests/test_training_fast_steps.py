@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from training.cli import main
-from training.collate import collate, corrupt, layout, positions, without_noisy
-from training.compiled import compiled_layers, text_layers
-from training.data import Example
-from training.objective import SelectedLogits, diffusion_loss, distill_loss, masked_rows, run_logits
-from training.precision import matmul_patch_embed, step_autocast
+from wam_diff_training.cli import main
+from wam_diff_training.collate import collate, corrupt, layout, positions, without_noisy
+from wam_diff_training.compiled import compiled_layers, text_layers
+from wam_diff_training.data import Example
+from wam_diff_training.objective import SelectedLogits, diffusion_loss, distill_loss, masked_rows, run_logits
+from wam_diff_training.precision import matmul_patch_embed, step_autocast
 from wam_diff_core.attention.backends import use_backend
 from wam_diff_core.constants import IMAGE_PAD_TOKEN
 from tests.test_training_stages import FAST, _metrics, write_dataset
@@ -132,7 +132,7 @@ def test_a_distillation_stage_with_cpu_bf16_and_the_clean_teacher_trains_and_com
 
 
 def test_step_variants_parse_and_unknown_switches_are_refused():
-    from training.speed import parse_variants
+    from wam_diff_training.speed import parse_variants
     vs = parse_variants("float32,bf16+clean,compile")
     assert [(v.name, v.bf16, v.compile, v.clean) for v in vs] == [
         ("float32", False, False, False), ("bf16+clean", True, False, True), ("compile", False, True, False)]
@@ -143,7 +143,7 @@ def test_step_variants_parse_and_unknown_switches_are_refused():
 
 
 def test_the_speed_table_times_each_variant_of_the_distillation_step_on_the_same_batches(nano_ckpt, tmp_path):
-    from training.speed import measure, parse_variants
+    from wam_diff_training.speed import measure, parse_variants
     data = write_dataset(tmp_path / "data", n=4)
     torch.set_num_threads(1)
     result = measure(str(nano_ckpt), [{"path": str(data)}], [1, 4], steps=2, warmup=1, batch_size=2,

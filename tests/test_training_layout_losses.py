@@ -12,10 +12,10 @@ from PIL import Image
 from wam_diff_core.attention.backends import use_backend
 from wam_diff_core.attention.block_mask import CLEAN, NOISY, PAD, PREFIX, training_layout, visibility
 from wam_diff_core.constants import IMAGE_PAD_TOKEN
-from training.collate import collate, corrupt, layout, positions, stratified_t
-from training.data import BadSample, DataError, DrivingDataset, Example
-from training.losses import diffusion_ce, divergence, jsd, top_k_agreement
-from training.objective import SelectedLogits, diffusion_loss, distill_loss
+from wam_diff_training.collate import collate, corrupt, layout, positions, stratified_t
+from wam_diff_training.data import BadSample, DataError, DrivingDataset, Example
+from wam_diff_training.losses import diffusion_ce, divergence, jsd, top_k_agreement
+from wam_diff_training.objective import SelectedLogits, diffusion_loss, distill_loss
 
 
 def _example(sid, prompt, response, mm=None):
@@ -308,7 +308,7 @@ def test_chain_corruption_masks_each_number_from_a_random_digit_on_and_keeps_sep
 
 def test_a_dataset_entry_keeps_only_the_scenarios_it_names(nano, tmp_path):
     """`scenarios:` on a data entry selects samples by meta.scenario; a name the file lacks is an error naming both."""
-    from training.data import build_datasets
+    from wam_diff_training.data import build_datasets
 
     samples = [{**_sample(f"s{i}", "Ping?", "pong"), "meta": {"scenario": scen}}
                for i, scen in enumerate(["highway", "roundabout", "highway", "cut_in"])]
@@ -327,7 +327,7 @@ def test_a_dataset_entry_keeps_only_the_scenarios_it_names(nano, tmp_path):
 def test_a_dataset_entry_keeps_only_plans_at_its_minimum_speed(nano, tmp_path):
     """`min_speed_mps:` keeps the samples whose ego forward speed (meta.ego[0]) is at least the bound, with
     `scenarios:` too; a bound no sample reaches, a bad bound and an unknown entry key are errors naming them."""
-    from training.data import build_datasets
+    from wam_diff_training.data import build_datasets
 
     speeds = [25.0, 19.99, 20.0, 8.0]
     samples = [{**_sample(f"s{i}", "Ping?", "pong"), "meta": {"scenario": scen, "ego": [v, 0.0, 0.0, 0.0, 0.0]}}

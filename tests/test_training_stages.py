@@ -15,9 +15,9 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import Qwen3VLForConditionalGeneration
 
-from training.cli import main
-from training.config import ConfigError, load_config
-from training.data import MixSampler
+from wam_diff_training.cli import main
+from wam_diff_training.config import ConfigError, load_config
+from wam_diff_training.data import MixSampler
 from wam_diff_core.model.checkpoint import LoadedModel, load_model, save_model
 
 ANSWERS = ["left lane free", "stop now", "go slow", "truck ahead", "red light", "turn right", "keep lane", "car left"]
@@ -96,7 +96,7 @@ def test_interrupted_run_resumed_gives_parameters_identical_to_an_uninterrupted_
 
     # a real SIGTERM in the middle of a run (the --stop-after path saves the same way), then --resume
     killed = tmp_path / "killed" / "block4"
-    proc = subprocess.Popen([sys.executable, "-m", "training.cli", *args, "--out", str(tmp_path / "killed")],
+    proc = subprocess.Popen([sys.executable, "-m", "wam_diff_training.cli", *args, "--out", str(tmp_path / "killed")],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -119,7 +119,7 @@ def test_interrupted_run_resumed_gives_parameters_identical_to_an_uninterrupted_
 
 def _torchrun(nano_ckpt, data, out, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "training.cli",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "wam_diff_training.cli",
            "adapt", "--init", str(nano_ckpt), "--block-sizes", "4", "--data", str(data), "--out", str(out),
            "--max-steps", "3", "--batch-size", "2", "--lr", "1e-3", "--set", "eval.enabled=false", *FAST, *extra]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
@@ -233,7 +233,7 @@ def test_config_base_applies_the_parent_first_and_names_missing_files_and_cycles
 
 
 def test_optimizer_groups_give_the_vision_tower_its_own_lr_and_norms_no_decay(nano):
-    from training.trainer import param_groups, warmup_cosine
+    from wam_diff_training.trainer import param_groups, warmup_cosine
 
     groups = {g["name"]: g for g in param_groups(nano.model, 1e-3, 1e-5, 0.05)}
     assert set(groups) == {"text", "text_no_decay", "vision", "vision_no_decay"}
@@ -287,7 +287,7 @@ def test_export_to_bfloat16_halves_the_weights_and_loads_back_as_float32(nano_ck
     assert torch.equal(got, src[name].to(torch.bfloat16).float())
     assert (out / "wam_diff.json").read_text() == (nano_ckpt / "wam_diff.json").read_text()
     with pytest.raises(ValueError, match="dtype 'int4'"):
-        from training.export import export
+        from wam_diff_training.export import export
         export(nano_ckpt, tmp_path / "x", "int4")
 
 
@@ -314,7 +314,7 @@ def test_export_steps_sets_the_default_operating_point_and_refuses_it_for_ar(nan
     named = (tmp_path / "named" / "wam_diff.json").read_text()
     assert named.startswith('{\n  "name": "my-model",\n  "version": "2.1.0",')
     assert load_model(tmp_path / "named").settings.decoding == got.decoding
-    from training.export import export
+    from wam_diff_training.export import export
 
     ar = tmp_path / "ar"
     loaded.settings = loaded.settings.for_block_size(1)
@@ -351,7 +351,7 @@ def write_planning_dataset(root: Path, size: tuple[int, int], n: int = 4, target
 
 
 def test_a_trained_checkpoint_records_the_frame_size_of_its_planning_frames(nano_ckpt, tmp_path, capsys):
-    from training.data import build_datasets
+    from wam_diff_training.data import build_datasets
     from wam_diff_core.model.checkpoint import load
 
     wide, narrow = write_planning_dataset(tmp_path / "wide", (96, 48)), write_planning_dataset(tmp_path / "narrow", (64, 32))
@@ -375,7 +375,7 @@ def test_a_trained_checkpoint_records_the_frame_size_of_its_planning_frames(nano
 
 def test_a_checkpoint_trained_on_route_target_prompts_records_it_and_old_checkpoints_are_asked_without(nano_ckpt, tmp_path,
                                                                                                       capsys):
-    from training.data import DrivingDataset, build_datasets
+    from wam_diff_training.data import DrivingDataset, build_datasets
     from wam_diff_core.model.checkpoint import load
     from wam_diff_core.prompts import parse_route_target
 
@@ -409,7 +409,7 @@ def test_a_checkpoint_trained_on_route_target_prompts_records_it_and_old_checkpo
 
 def test_route_targets_on_some_route_types_keep_the_sentence_there_alone_and_the_checkpoint_records_them(nano_ckpt,
                                                                                                          tmp_path):
-    from training.data import DrivingDataset
+    from wam_diff_training.data import DrivingDataset
     from wam_diff_core.model.checkpoint import load
     from wam_diff_core.prompts import parse_route_target
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from training.cli import main
-from training.data import DrivingDataset
+from wam_diff_training.cli import main
+from wam_diff_training.data import DrivingDataset
 from wam_diff_core.codec import (
     FIXED_TRAJECTORY_CHARS,
     ParseError,

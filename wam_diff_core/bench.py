@@ -54,7 +54,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", default="sdpa", choices=ATTENTION_BACKENDS)
     parser.add_argument("--cuda-graphs", default="off", choices=["on", "off"])
     parser.add_argument("--text-layers", default="model", choices=TEXT_LAYERS,
-                        help="B > 1 rows: the model's text layers, or kernels.fast_layers' (plain or compiled)")
+                        help="B > 1 rows: the model's text layers, or wam_diff_kernels.fast_layers' (plain or compiled)")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt length for models without a tokenizer")
     parser.add_argument("--repeats", type=int, default=5)

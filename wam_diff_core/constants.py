@@ -76,7 +76,7 @@ STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 # how many of a block's masked positions each step commits (remasking.masked_after): "linear" spreads them
 # evenly over the K steps; "cosine" (MaskGIT's schedule) commits few in the first steps and more later;
 SCHEDULES = ("linear", "cosine")
-# text layers of the decoders (eager and static paths): the model's own, the fast ones (kernels.fast_layers:
+# text layers of the decoders (eager and static paths): the model's own, the fast ones (wam_diff_kernels.fast_layers:
 # merged projections, fewer kernels), or those with their pure parts torch.compiled;
 TEXT_LAYERS = ("model", "fast", "compiled")
 # attention backends: torch SDPA and flex attention (CPU and GPU), FlashInfer (GPU, from kernels/).

@@ -35,7 +35,7 @@ class DecoderConfig:
     stay inside the kinematic envelope of the ego state (`envelope`); forward_only: the envelope also keeps
     plans from stepping back along the ego's heading (`envelope.forward_bounds`); backend: attention
     (`ATTENTION_BACKENDS`); cuda_graphs: the graph-captured static decode path; text_layers: `TEXT_LAYERS`,
-    the text layers of either decode path: the model's own, or kernels.fast_layers' (merged projections;
+    the text layers of either decode path: the model's own, or wam_diff_kernels.fast_layers' (merged projections;
     "compiled": their pure parts torch.compiled)."""
 
     block_size: int = 32

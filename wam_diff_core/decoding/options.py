@@ -41,7 +41,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graphs", choices=ON_OFF, default=None,
                    help="capture the block decode step as a CUDA graph (GPU only; default: off)")
     g.add_argument("--text-layers", choices=TEXT_LAYERS, default=None,
-                   help="the model's own text layers, or kernels.fast_layers' (merged projections, the same plans; "
+                   help="the model's own text layers, or wam_diff_kernels.fast_layers' (merged projections, the same plans; "
                         "'compiled': torch.compiled; default: model)")
 
 

@@ -231,7 +231,7 @@ def _frame_samples(route: Route, tk, k: int, rel: str, future: np.ndarray, split
 
     meta = {"route_id": route.route_id, "scenario": route.scenario, "seed": route.seed, "tick": k, "t": tk.t,
             "split": split, "command": tk.command, "ego": [tk.ego.vx, tk.ego.vy, tk.ego.ax, tk.ego.ay, tk.ego.yaw_rate],
-            # the other vehicles in view, boxes in the frame's pixels (the perception loss of training/perception.py)
+            # the other vehicles in view, boxes in the frame's pixels (the perception loss of wam_diff_training/perception.py)
             "frame_size": [int(tk.frame.shape[1]), int(tk.frame.shape[0])],
             "boxes_px": [[round(float(c), 1) for c in d.box_px] for d in tk.detections]}
     base = f"{route.route_id}_{k:04d}"

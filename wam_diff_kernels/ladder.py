@@ -1,16 +1,16 @@
 """The speed ladder: AR B = 1 -> B = 32 SDPA eager -> + static FlashInfer -> + CUDA graphs.
 
-    python -m kernels.ladder --model qwen3-vl-2b --device cuda --steps 8,16 --batch-sizes 1,8 --out runs/ladder.json
+    python -m wam_diff_kernels.ladder --model qwen3-vl-2b --device cuda --steps 8,16 --batch-sizes 1,8 --out runs/ladder.json
 
 Rungs, each measured in this one run (ratios between rungs are what the targets are about):
 - `ar`: the engine's autoregressive decoder (B = 1), the baseline;
 - `sdpa_eager`: the engine's reference block decoder, SDPA attention, eager;
-- `static_sdpa`: the capture-ready decoder (kernels.graph_runner), SDPA over the static cache, eager;
-- `static_fast`: the same with the fast text layers (`kernels.fast_layers`), eager (runs on a CPU too);
+- `static_sdpa`: the capture-ready decoder (wam_diff_kernels.graph_runner), SDPA over the static cache, eager;
+- `static_fast`: the same with the fast text layers (`wam_diff_kernels.fast_layers`), eager (runs on a CPU too);
 - `flashinfer`: the capture-ready decoder with FlashInfer attention, eager;
 - `flashinfer_graphs`: the same, one CUDA graph per block replayed;
 - `sdpa_graphs`: the capture-ready decoder with SDPA attention, captured;
-- `fast_graphs`: the same with the fast text layers (`kernels.fast_layers`: merged projections, fewer
+- `fast_graphs`: the same with the fast text layers (`wam_diff_kernels.fast_layers`: merged projections, fewer
   operations per layer);
 - `compiled_graphs`: the same with the fast layers' two pure parts torch.compiled (compiled in the warm-up).
 Fixed K with `low_confidence_static` remasking and EOS ignored, so every rung decodes the same number
@@ -22,7 +22,7 @@ its error and the ladder goes on. Prefill is timed apart for both FlashInfer pre
 
 Its H200 tables: results/kernels/h200/. In bfloat16 the token agreement of a rung that
 changes the rounding (FlashInfer, compiled layers) says little on a model with near-tied logits (a random
-one); `kernels.teacher_forced` is the correctness check for those.
+one); `wam_diff_kernels.teacher_forced` is the correctness check for those.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels.ladder", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m wam_diff_kernels.ladder", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
     p.add_argument("--steps", type=positive_ints, default=[8, 16])
     p.add_argument("--batch-sizes", type=positive_ints, default=[1, 8])

@@ -4,7 +4,7 @@ confidence intervals.
 The report scores 64 plans per model; whether a B = 32 model's L2 is "within 5 % of AR" needs to know how far
 that number moves with the plans drawn. This decodes the same `--samples` evenly spaced planning samples with
 every model and resamples the plans (paired: one draw of plans for all models) to give each model's mean L2 and
-its relative gap to the first model, with 95 % intervals (`training.report.l2_gap`). A gap is "within" the bound
+its relative gap to the first model, with 95 % intervals (`wam_diff_training.report.l2_gap`). A gap is "within" the bound
 when the whole interval lies below it, "outside" when the whole interval lies above it, else "undecided".
 
 Each model decodes as every entry point does (`resolve_decoding`): its checkpoint's own settings (the "decoding"
@@ -24,7 +24,7 @@ K, schedule or forward-only bound than asked) with each decode's clock beside th
 those settings, tokens, seconds; tokens/s is each model's own pass, one after the other, not the interleaved
 speed pass of `wam-diff-train speed-pass`). With --by-group also OUT/l2_by_group.{json,md}: each
 model's mean L2 and along-track bias at 4 s per kind of plan (intersection, roundabout, road plans below / above
-20 m/s; `training.report.groups`) on the same plans. Each model's row of l2_gap.json records the settings it
+20 m/s; `wam_diff_training.report.groups`) on the same plans. Each model's row of l2_gap.json records the settings it
 was decoded with ("decoding"); the top-level "decoding" holds the options given on the command line.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Build FlashInfer's JIT kernels before anything is timed, one process per kernel module, in parallel.
 
-    python -m kernels.jit_warmup --head-dims 64,128 [--dtype bfloat16] [--jobs 5]
+    python -m wam_diff_kernels.jit_warmup --head-dims 64,128 [--dtype bfloat16] [--jobs 5]
 
 FlashInfer compiles a kernel module with nvcc on its first use and caches it on disk
 (~/.cache/flashinfer). The backend here uses two modules per (head size, dtype): batch prefill (the
@@ -54,7 +54,7 @@ def build(kind: str, head_dim: int, dtype: torch.dtype, device: str = "cuda") ->
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels.jit_warmup", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m wam_diff_kernels.jit_warmup", description=__doc__.split("\n\n")[0])
     p.add_argument("--head-dims", type=positive_ints, default=[64, 128])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--kinds", default=",".join(KINDS), help=f"subset of {KINDS}")
@@ -66,12 +66,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if not torch.cuda.is_available():
-        print("kernels.jit_warmup: CUDA is not available on this machine; nothing to build", file=sys.stderr)
+        print("wam_diff_kernels.jit_warmup: CUDA is not available on this machine; nothing to build", file=sys.stderr)
         return 2
     from .availability import missing_for_flashinfer
 
     if missing_for_flashinfer():
-        print("kernels.jit_warmup: missing " + " and ".join(missing_for_flashinfer()), file=sys.stderr)
+        print("wam_diff_kernels.jit_warmup: missing " + " and ".join(missing_for_flashinfer()), file=sys.stderr)
         return 2
     dtype = getattr(torch, args.dtype)
     if args.child:
@@ -80,14 +80,14 @@ def main(argv=None) -> int:
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
     if bad:
-        print(f"kernels.jit_warmup: unknown kinds {bad}; expected a subset of {KINDS}", file=sys.stderr)
+        print(f"wam_diff_kernels.jit_warmup: unknown kinds {bad}; expected a subset of {KINDS}", file=sys.stderr)
         return 2
     jobs = [(k, d) for d in args.head_dims for k in kinds]
     env = dict(os.environ)
     env["MAX_JOBS"] = str(args.jobs or max(1, (os.cpu_count() or 1) // len(jobs) + 1))
     start = time.perf_counter()
     logs = {job: tempfile.TemporaryFile(mode="w+") for job in jobs}  # files, not pipes: no child blocks on output
-    procs = {(k, d): subprocess.Popen([sys.executable, "-m", "kernels.jit_warmup", "--dtype", args.dtype,
+    procs = {(k, d): subprocess.Popen([sys.executable, "-m", "wam_diff_kernels.jit_warmup", "--dtype", args.dtype,
                                        "--child", k, str(d)], env=env, stdout=logs[(k, d)],
                                       stderr=subprocess.STDOUT, text=True) for k, d in jobs}
     failed = 0

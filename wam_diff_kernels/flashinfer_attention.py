@@ -2,7 +2,7 @@
 
 Written against FlashInfer's Python API (flashinfer-python 0.7.0: BatchPrefillWithPagedKVCacheWrapper,
 BlockSparseAttentionWrapper, single_prefill_with_kv_cache). Checked on an H200 (tests/test_kernels_gpu.py
-and `kernels.teacher_forced`; logs and tables in results/kernels/h200/): a block step equals SDPA over the
+and `wam_diff_kernels.teacher_forced`; logs and tables in results/kernels/h200/): a block step equals SDPA over the
 static mask (2B and nano shapes), the prefill writes SDPA's K/V and gives its last logits, a block makes no
 host sync, teacher-forced along a float32 decode every bf16 step is as close to float32 as bf16 SDPA's, and
 the captured decode replays the eager one. (Greedy tokens of a random model differ from SDPA's after a few steps, as

@@ -22,7 +22,7 @@ from .perception import occupancy_loss
 
 class SelectedLogits(nn.Module):
     """logits (N, V) at rows (row_b[i], row_pos[i]) of a `[prefix | clean | noisy]` forward; with an
-    `occupancy_head` (training/perception.py) also its logits over every visual token of the batch."""
+    `occupancy_head` (wam_diff_training/perception.py) also its logits over every visual token of the batch."""
 
     def __init__(self, model, occupancy_head: Optional[nn.Module] = None):
         super().__init__()

@@ -27,7 +27,7 @@ def ar_reference(models: list, m: dict, usable) -> Optional[dict]:
 
 
 def gap_text(gap: Optional[dict]) -> str:
-    """'+5.6 % (-4.7 to +17.8)' from a training.report.l2_gap.gap_to_reference result."""
+    """'+5.6 % (-4.7 to +17.8)' from a wam_diff_training.report.l2_gap.gap_to_reference result."""
     if not gap:
         return "-"
     lo, hi = gap["gap_ci"]
@@ -93,7 +93,7 @@ def markdown_table(header, rows) -> str:
 
 
 def render(report: dict) -> str:
-    """The whole markdown document of a report dict (written by training.report.report.Report.run)."""
+    """The whole markdown document of a report dict (written by wam_diff_training.report.report.Report.run)."""
     models = report["models"]
     speed = (report.get("speed") or {}).get("models", {})
 

@@ -105,7 +105,7 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
     `st.x` and copied to `st.pend`. Tensor ops only: no host sync, no data-dependent Python.
 
     plans: the (plain step, fused step) FlashInfer plans, or None for SDPA. layers: the fast text layers
-    (`kernels.fast_layers`), or None for the model's own.
+    (`wam_diff_kernels.fast_layers`), or None for the model's own.
     """
     B, K = bucket.block_size, bucket.steps
     cache = st.cache
@@ -198,7 +198,7 @@ class GraphRunner:
     backend reading a static mask) or "flashinfer" (switches the model's text attention to the
     FlashInfer backend; CUDA + flashinfer only). `cuda_graphs`: capture and replay per bucket (CUDA
     only; ignored on a CPU, where the same block function runs eagerly). `fast_layers`: run the text
-    layers through `kernels.fast_layers` (merged projections, fewer kernels; same math), and with
+    layers through `wam_diff_kernels.fast_layers` (merged projections, fewer kernels; same math), and with
     `compile_layers` also torch.compile their two pure parts (implies fast_layers)."""
 
     def __init__(self, runner: ModelRunner, mask_id: int, attention: str = "sdpa", cuda_graphs: bool = False,

@@ -1,6 +1,6 @@
 """This package's pieces in the core's extension registry (`wam_diff_core.extensions`).
 
-Declared in setup.py as the entry point `kernels = kernels.plugin:register` of the group
+Declared in setup.py as the entry point `kernels = wam_diff_kernels.plugin:register` of the group
 `wam_diff_core.extensions`, so the core finds it without naming it. Registers:
 - the attention backend "flashinfer" (`flashinfer_attention.use_flashinfer`; GPU only), with
   `missing_for_flashinfer` as its probe;

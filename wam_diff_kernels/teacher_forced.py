@@ -1,6 +1,6 @@
 """Teacher-forced agreement of the capture-ready decoder's variants with a float32 reference.
 
-    python -m kernels.teacher_forced --model models/nano-s-b32 --device cuda --variants sdpa,flashinfer,compiled
+    python -m wam_diff_kernels.teacher_forced --model models/nano-s-b32 --device cuda --variants sdpa,flashinfer,compiled
 
 Greedy tokens of two decodes are a poor correctness check when a model's logits are near ties (random
 weights): one flipped argmax changes the context of every later step, and the decodes part for good.
@@ -202,7 +202,7 @@ _variants = subset_of(VARIANTS, "variants")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels.teacher_forced", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m wam_diff_kernels.teacher_forced", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
     p.add_argument("--variants", type=_variants, default=list(VARIANTS))
     p.add_argument("--steps", type=positive_ints, default=[8])

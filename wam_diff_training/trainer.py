@@ -4,7 +4,7 @@ A stage writes into `<out>/<name>/`:
 - `model/`: the final Hugging Face checkpoint, `wam_diff.json` with trained_block_size = B;
 - `resume/`: the latest resume point while the stage runs (removed once `model/` is written);
 - `run_config.json` (the resolved config and the digests of its inputs: data files, their frames, the initial
-  checkpoint, the teacher; `training/provenance.py`), `metrics.jsonl` (one line per logged step), `tb/`
+  checkpoint, the teacher; `wam_diff_training/provenance.py`), `metrics.jsonl` (one line per logged step), `tb/`
   (TensorBoard), `eval.json` (validation),
   `param_digest.rank<r>.txt` (a hash of the final parameters per process), `summary.json` (inputs,
   param_digest, validation metrics).

@@ -1,8 +1,8 @@
 """`wam-diff-train report`: evaluate trained models and write a markdown table, plots and JSON.
 
-    wam-diff-train report --spec training/configs/report.yaml --out runs/report [--resume] [--no-closed-loop]
+    wam-diff-train report --spec wam_diff_training/configs/report.yaml --out runs/report [--resume] [--no-closed-loop]
 
-Per model (spec: training/report/spec.py): planning L2 per horizon and PDMS, detection mAP and QA
+Per model (spec: wam_diff_training/report/spec.py): planning L2 per horizon and PDMS, detection mAP and QA
 accuracy on evenly spaced validation samples, tokens/s on this machine at batch 1 with the spec's
 remasking, closed-loop driving score and success rate on the route suite, and top-5 agreement with
 its teacher. Sweeps: quality against denoising steps, tokens/s against block size. Each model's
@@ -418,7 +418,7 @@ class Report:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", required=True, help="report spec YAML (training/configs/report*.yaml)")
+    parser.add_argument("--spec", required=True, help="report spec YAML (wam_diff_training/configs/report*.yaml)")
     parser.add_argument("--out", required=True, help="output directory: report.md, report.json, plots/, predictions/")
     parser.add_argument("--resume", action="store_true", help="reuse results already written under --out")
     parser.add_argument("--no-closed-loop", action="store_true", help="open loop and sweeps only")

@@ -67,7 +67,7 @@ class Example:
     pixel_values: Optional[torch.Tensor]
     image_grid_thw: Optional[torch.Tensor]
     response_text: str = ""
-    occupancy: Optional[torch.Tensor] = None  # (visual tokens, cells^2) perception targets (training/perception.py)
+    occupancy: Optional[torch.Tensor] = None  # (visual tokens, cells^2) perception targets (wam_diff_training/perception.py)
     chained: bool = False  # the response is a fixed-style trajectory: its numbers are chains (codec)
     ego: Optional[EgoState] = None  # a planning prompt's ego state (the decoders' kinematic envelope)
 

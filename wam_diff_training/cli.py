@@ -1,21 +1,21 @@
 """`wam-diff-train`: the conversion stages behind one command (YAML config + command-line overrides).
 
-  wam-diff-train ar      --config training/configs/nano_ar.yaml [--init nano] [--out runs/x]
+  wam-diff-train ar      --config wam_diff_training/configs/nano_ar.yaml [--init nano] [--out runs/x]
   wam-diff-train adapt   --config ... --init runs/x/ar/model --block-sizes 4,8,16,32
   wam-diff-train distill --config ... --teacher CKPT --teacher-block-size 16 --student CKPT --block-size 32
   wam-diff-train plot    --out runs/x            (loss curve of every stage: PNG + JSON)
   wam-diff-train eval    --model CKPT --data VAL.json --steps 8     (decode + score a split)
   wam-diff-train speed   --init CKPT --data D --block-sizes 1,32 [--variants float32,bf16+compile+clean]
                          [--teacher CKPT]   (seconds per optimizer step)
-  wam-diff-train recipe  training/recipes/nano_s.yaml [--resume]  (a model card's commands, timed)
+  wam-diff-train recipe  wam_diff_training/recipes/nano_s.yaml [--resume]  (a model card's commands, timed)
   wam-diff-train average A B [C ...] --out DST [--weights 0.5,0.5]   (parameter average of one lineage)
   wam-diff-train provenance RUN_A RUN_B     (which recorded input or step output differs between two runs)
-  wam-diff-train report  --spec training/configs/report.yaml --out runs/report [--resume] [--no-closed-loop]
+  wam-diff-train report  --spec wam_diff_training/configs/report.yaml --out runs/report [--resume] [--no-closed-loop]
                          (evaluate models: markdown table, plots, JSON)
   wam-diff-train l2-gap | speed-pass | balance-waits | bending-samples ...   (see COMMANDS; each with --help)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
-Runs under `torchrun --nproc_per_node N -m training.cli ...` as well (DDP; gloo on CPU).
+Runs under `torchrun --nproc_per_node N -m wam_diff_training.cli ...` as well (DDP; gloo on CPU).
 """
 from __future__ import annotations
 
@@ -36,16 +36,16 @@ STAGES = ("ar", "adapt", "distill")
 # sub-commands in modules of their own, each exposing add_arguments(parser) and run(args) -> int (as `wam-diff`'s);
 # imported only when named, so the stages start without them. name -> (module, one-line help)
 COMMANDS = {
-    "report": ("training.report.report", "evaluate models and write a markdown table, plots and JSON"),
-    "l2-gap": ("training.report.l2_gap_cli", "planning L2 of several models on the same plans, paired intervals"),
-    "speed-pass": ("training.report.speed_pass", "planning tokens/s of several decodings taking turns per sample"),
-    "balance-waits": ("training.balance_waits", "junction waits rebalanced: DIR/train_balanced.json beside each file"),
-    "bending-samples": ("training.bending_samples", "the planning samples whose target bends: DIR/train_bending.json"),
+    "report": ("wam_diff_training.report.report", "evaluate models and write a markdown table, plots and JSON"),
+    "l2-gap": ("wam_diff_training.report.l2_gap_cli", "planning L2 of several models on the same plans, paired intervals"),
+    "speed-pass": ("wam_diff_training.report.speed_pass", "planning tokens/s of several decodings taking turns per sample"),
+    "balance-waits": ("wam_diff_training.balance_waits", "junction waits rebalanced: DIR/train_balanced.json beside each file"),
+    "bending-samples": ("wam_diff_training.bending_samples", "the planning samples whose target bends: DIR/train_bending.json"),
 }
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config file (training/configs/*.yaml)")
+    p.add_argument("--config", help="YAML config file (wam_diff_training/configs/*.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. optim.lr=1e-4 (repeatable)")
     p.add_argument("--out", help="output directory (config: out)")
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_argument("--device", default="cpu")
     speed.add_argument("--threads", type=int)
     speed.add_argument("--variants", default="float32",
-                       help="comma-separated: float32, or '+'-joined switches bf16, compile, clean (training/speed.py)")
+                       help="comma-separated: float32, or '+'-joined switches bf16, compile, clean (wam_diff_training/speed.py)")
     speed.add_argument("--teacher", help="distil B > 1 from this checkpoint (the distillation step)")
     speed.add_argument("--teacher-block-size", type=int, default=1)
     speed.add_argument("--json", help="write the result here")
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     avg.add_argument("--out", required=True, help="output directory (written atomically)")
     avg.add_argument("--weights", help="comma-separated, one per source, normalised to sum 1 (default: uniform)")
     recipe = sub.add_parser("recipe", help="run a recipe's commands in order; wall times to OUT/recipe.json")
-    recipe.add_argument("file", help="recipe YAML (training/recipes/*.yaml)")
+    recipe.add_argument("file", help="recipe YAML (wam_diff_training/recipes/*.yaml)")
     recipe.add_argument("--resume", action="store_true", help="skip steps whose 'done' path exists")
     recipe.add_argument("--only", help="comma-separated step names to run (the others are skipped)")
     prov = sub.add_parser("provenance", help="compare the digests two runs record (recipe.json, a stage's summary)")

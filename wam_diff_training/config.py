@@ -72,8 +72,8 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda if present) | cpu | cuda
     threads: Optional[int] = None  # torch CPU threads per process (default: torch's own choice)
     bf16: bool = True  # bf16 autocast on GPU
-    cpu_bf16: bool = False  # bf16 autocast on the CPU too (training/precision.py; AMX / AVX-512 BF16 CPUs)
-    compile: bool = False  # torch.compile the text layers for the steps (training/compiled.py)
+    cpu_bf16: bool = False  # bf16 autocast on the CPU too (wam_diff_training/precision.py; AMX / AVX-512 BF16 CPUs)
+    compile: bool = False  # torch.compile the text layers for the steps (wam_diff_training/compiled.py)
     parallel: str = "ddp"  # ddp | fsdp2 (under torchrun)
     log_every: int = 1
     save_every: int = 200  # optimizer steps between resumable checkpoints
@@ -112,7 +112,7 @@ class EvalConfig:
 
 @dataclass
 class PerceptionConfig:
-    occupancy_weight: float = 0.0  # > 0: add the visual-token occupancy loss (training/perception.py)
+    occupancy_weight: float = 0.0  # > 0: add the visual-token occupancy loss (wam_diff_training/perception.py)
     occupancy_cells: int = 4  # cells per visual token side (4: 8x8 px cells of a 32x32 px token)
 
 
