@@ -167,10 +167,13 @@ def test_remask_step_traces_as_one_graph_and_commits_what_eager_commits(strategy
             assert torch.equal(got, want)
     finally:
         torch._dynamo.reset()
-    new_x, new_masked = step(logits, x, masked)
+    new_x, new_masked, probs = step(logits, x, masked)
     assert bool(masked.any(1).all())
     assert (masked & ~new_masked).sum(1).min() >= 1  # at least one commit per row
     assert torch.equal(new_x[~masked], x[~masked])  # committed positions never change
+    committed = masked & ~new_masked  # each carries its token's softmax probability, the rest 0
+    assert torch.allclose(probs[committed], logits.softmax(-1).gather(-1, new_x[..., None])[..., 0][committed])
+    assert bool((probs[~committed] == 0).all()) and float(probs.max()) <= 1.0
 
 
 def test_a_whole_block_traces_as_one_graph_with_the_same_tokens(nano, nano_runner, static, batches, monkeypatch):

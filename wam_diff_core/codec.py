@@ -288,24 +288,37 @@ def _parse_box(item: object, index: int, width: float, height: float) -> Union[D
     return Detection(label=label.strip(), box_px=box_px, box_norm=box_norm)
 
 
+def _detection_body(text: str) -> Union[tuple[str, int], ParseError]:
+    """The JSON of a box answer and the offset in `text` where it starts: cut at EOS, stripped of whitespace
+    and of a ```json fence (an unclosed one too: valid JSON never ends in a backtick)."""
+    cleaned = _clean(text, MAX_DETECTION_TEXT_CHARS, "box list")
+    if isinstance(cleaned, ParseError):
+        return cleaned
+    body, start = cleaned, len(text) - len(text.lstrip())
+    if body.startswith("```"):
+        opening = _FENCE_OPEN.match(body).end()
+        inner = body[opening:].split("```", 1)[0]
+        start += opening + len(inner) - len(inner.lstrip())
+        body = inner.strip().rstrip("`").strip()
+        if not body:
+            return ParseError("empty", "code fence with nothing inside")
+    return body, start
+
+
 def parse_detections(text: str, image_size: Sequence[float]) -> Union[list[Detection], ParseError]:
     """Grounding JSON (optionally in ```json fences) -> detections with box_norm and box_px, or a ParseError.
 
     ``image_size`` is (width, height) in pixels; box_px = box_norm / BOX_SCALE * size. An empty
     list is a valid answer; text with more than MAX_DETECTION_TEXT_CHARS characters before EOS is
     "too_long" unread. Raises ValueError only for a bad ``image_size`` (a caller bug), never for any text.
+    Scores are the default 1.0: the text alone says nothing of the model's confidence
+    (`text_confidence.score_detections` sets them from the decoder's token probabilities).
     """
     width, height = _check_image_size(image_size)
-    cleaned = _clean(text, MAX_DETECTION_TEXT_CHARS, "box list")
-    if isinstance(cleaned, ParseError):
-        return cleaned
-    body = cleaned
-    if body.startswith("```"):
-        # Drop the opening fence with its language tag and anything from the closing fence on
-        # (or a closing fence cut short: valid JSON never ends in a backtick).
-        body = _FENCE_OPEN.sub("", body, count=1).split("```", 1)[0].strip().rstrip("`").strip()
-        if not body:
-            return ParseError("empty", "code fence with nothing inside")
+    found = _detection_body(text)
+    if isinstance(found, ParseError):
+        return found
+    body = found[0]
     try:
         data = json.loads(body)
     except json.JSONDecodeError as err:
@@ -323,6 +336,52 @@ def parse_detections(text: str, image_size: Sequence[float]) -> Union[list[Detec
             return det
         detections.append(det)
     return detections
+
+
+# JSON lexemes: a string, a structural character, or a run of anything else (a number, true, false, null).
+_JSON_LEXEME = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}:,]|[^\s\[\]{}:,"]+')
+
+
+def _json_key(lexeme: str) -> Optional[str]:
+    try:
+        key = json.loads(lexeme)
+    except ValueError:
+        return None
+    return key if isinstance(key, str) else None
+
+
+def detection_spans(text: str) -> list[list[tuple[int, int]]]:
+    """Where each box of a box answer was written: for every box `parse_detections(text)` returns, in its
+    order, the character spans [start, end) in `text` of its label (inside the quotes) and of its four
+    coordinates. Meant for text `parse_detections` reads; [] when there is no box list to read."""
+    found = _detection_body(text)
+    if isinstance(found, ParseError):
+        return []
+    body, start = found
+    boxes: list[list[tuple[int, int]]] = []
+    depth, key, expect_key, in_coords = 0, None, False, False
+    for m in _JSON_LEXEME.finditer(body):
+        lexeme, where = m.group(), (start + m.start(), start + m.end())
+        if lexeme in ("[", "{"):
+            depth += 1
+            if depth == 2 and lexeme == "{":
+                boxes.append([])
+                expect_key = True
+            if depth == 3:
+                in_coords = lexeme == "[" and key == "bbox_2d"
+        elif lexeme in ("]", "}"):
+            depth -= 1
+            in_coords = in_coords and depth >= 3
+        elif depth == 2 and boxes:
+            if lexeme in (",", ":"):
+                expect_key = lexeme == ","
+            elif expect_key:
+                key = _json_key(lexeme)
+            elif key == "label" and lexeme.startswith('"'):
+                boxes[-1].append((where[0] + 1, where[1] - 1))
+        elif depth == 3 and in_coords and lexeme != ",":
+            boxes[-1].append(where)
+    return boxes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,7 +61,8 @@ def plan_to_json(plan) -> dict:
         "valid": plan.valid,
         "trajectory": None if plan.trajectory is None else plan.trajectory.tolist(),
         "detections": None if plan.detections is None else [
-            {"label": d.label, "box_px": list(d.box_px), "box_norm": list(d.box_norm)} for d in plan.detections],
+            {"label": d.label, "box_px": list(d.box_px), "box_norm": list(d.box_norm), "score": round(d.score, 4)}
+            for d in plan.detections],
         "raw_text": plan.raw_text,
         "errors": plan.errors,
         "timings_ms": {k: round(v * 1000, 2) for k, v in plan.timings.items()},

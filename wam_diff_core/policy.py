@@ -24,6 +24,7 @@ from .model.checkpoint import LoadedModel, load
 from .model.processor import check_image
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
+from .text_confidence import score_detections
 from .types import Answer, DecodeStats, EgoState, Plan, check_command, check_route_target
 
 # Token budget per task: a trajectory is 16 numbers (digits tokenize one by one), boxes are longer.
@@ -129,7 +130,7 @@ class DrivingPolicy:
         cfg = with_budget(self.config, tasks)
         result, texts = self._decode(prompts, images, cfg, tasks, ego_state)
         plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(tasks, texts)))
-        for task, text, finished in zip(tasks, texts, result.finished):
+        for row, (task, text, finished) in enumerate(zip(tasks, texts, result.finished)):
             if not finished:
                 plan.errors[task] = f"truncated: no end of answer within {cfg.max_new_tokens} tokens"
                 continue
@@ -145,7 +146,9 @@ class DrivingPolicy:
                 if isinstance(parsed, ParseError):
                     plan.errors[task] = str(parsed)
                 else:
-                    plan.detections = parsed
+                    probs = result.token_probs[row] if result.token_probs is not None else None
+                    plan.detections = score_detections(parsed, text, result.token_ids[row], probs,
+                                                       self.processor.tokenizer)
         plan.timings = {**result.timings, "plan_total": time.perf_counter() - start}
         plan.stats["decode"] = DecodeStats(tokens=result.tokens, forwards=result.forwards, timings=dict(result.timings))
         return plan

@@ -54,7 +54,9 @@ def check_route_target(target) -> Optional[tuple[float, float]]:
 
 @dataclass(frozen=True)
 class Detection:
-    """A 2D box: label, corners in pixels (x1, y1, x2, y2) and on the 0..1000 scale, score."""
+    """A 2D box: label, corners in pixels (x1, y1, x2, y2) and on the 0..1000 scale, score in 0..1: how sure
+    the model was of it (the geometric mean of its label and coordinate tokens' probabilities,
+    `text_confidence`), 1.0 for a box no model scored (ground truth, or a decoder reporting no probabilities)."""
 
     label: str
     box_px: tuple[float, float, float, float]

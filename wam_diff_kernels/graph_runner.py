@@ -36,7 +36,7 @@ import torch
 from wam_diff_core.decoding.block_diffusion import generate as generate_eager
 from wam_diff_core.decoding.config import DecoderConfig, step_count
 from wam_diff_core.decoding.constraint import TokenConstraint
-from wam_diff_core.decoding.result import DecodeResult, PhaseClock, trim_at_eos
+from wam_diff_core.decoding.result import DecodeResult, PhaseClock, decode_result
 from wam_diff_core.model.processor import PromptBatch
 from wam_diff_core.model.runner import ModelRunner
 
@@ -73,6 +73,7 @@ class BlockState:
         self.cache = StaticKVCache.for_model(runner.model, b, bucket.capacity)
         self.x = torch.full((b, B), mask_id, dtype=torch.long, device=dev)
         self.masked = torch.ones((b, B), dtype=torch.bool, device=dev)
+        self.probs = torch.zeros((b, B), dtype=torch.float32, device=dev)  # each token's probability at its commit
         self.pos = torch.zeros((b, B), dtype=torch.long, device=dev)
         self.pend = torch.full((b, B), mask_id, dtype=torch.long, device=dev)
         self.pend_pos = torch.zeros((b, B), dtype=torch.long, device=dev)
@@ -112,6 +113,7 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
     forward = layers.forward if layers is not None else partial(forward_static, runner)
     st.x.fill_(mask_id)
     st.masked.fill_(True)
+    st.probs.zero_()
     rope = runner.rope(st.pos)
     for s in range(K):
         if fused and s == 0:
@@ -126,10 +128,12 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
         logits = block_logits(st.prev_logits, runner.logits(h[:, : B - 1]))
         if st.banned is not None:
             logits = logits.masked_fill(st.banned, float("-inf"))
-        x, masked = remask_step(logits, st.x, st.masked, bucket.strategy, bucket.threshold, K, s,
-                                bucket.temperature, generator, st.chains, bucket.schedule, exclude=mask_id)
+        x, masked, probs = remask_step(logits, st.x, st.masked, bucket.strategy, bucket.threshold, K, s,
+                                       bucket.temperature, generator, st.chains, bucket.schedule, exclude=mask_id,
+                                       probs=st.probs)
         st.x.copy_(x)
         st.masked.copy_(masked)
+        st.probs.copy_(probs)
     st.pend.copy_(st.x)
     st.pend_pos.copy_(st.pos)
 
@@ -272,6 +276,7 @@ class GraphRunner:
 
         generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.temperature > 0 else None
         out = torch.full((b, cfg.answer_positions), eos_id, dtype=torch.long, device=device)
+        probs = torch.zeros((b, cfg.answer_positions), dtype=torch.float32, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         blocks = 0
         for j in range(n_blocks):
@@ -286,6 +291,7 @@ class GraphRunner:
                 lens_host = [n + B for n in lens_host]
             blocks += 1
             out[:, j * B:(j + 1) * B] = st.x
+            probs[:, j * B:(j + 1) * B] = st.probs
             if not cfg.ignore_eos:
                 done |= (st.x == eos_id).any(dim=1)
                 if bool(done.all()):  # the one host sync per block
@@ -293,8 +299,7 @@ class GraphRunner:
         clock.lap("denoise")
         clock.timings["commit"] = 0.0
         runner.forwards = 1 + run.bucket.steps * blocks
-        answers, finished, produced = trim_at_eos(out, eos_id, cfg.max_new_tokens, cfg.ignore_eos)
-        return DecodeResult(answers, finished, produced, runner.forwards, clock.total())
+        return decode_result(out, probs, eos_id, cfg.max_new_tokens, cfg.ignore_eos, runner.forwards, clock.total())
 
 
 _RUNNERS: dict[tuple[int, str, bool, int, str], GraphRunner] = {}

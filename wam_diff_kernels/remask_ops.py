@@ -30,14 +30,17 @@ def remask_step(logits: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, str
                 steps: int, step: int, temperature: float = 0.0,
                 generator: Optional[torch.Generator] = None,
                 chain_start: Optional[torch.Tensor] = None, schedule: str = "linear",
-                exclude: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                exclude: Optional[int] = None,
+                probs: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Commit some masked positions of a block.
 
     logits: (batch, B, vocab); x: (batch, B) current tokens (mask id where masked); masked: (batch, B)
     bool; chain_start: (batch, B) long or None (number order); schedule: `SCHEDULES`; exclude: a token id
-    never predicted (the mask id, as in the eager decoder). Returns the new (x, masked). Positions
+    never predicted (the mask id, as in the eager decoder); probs: (batch, B) float32, the probability each
+    committed token had at its commit (zeros if None). Returns the new (x, masked, probs). Positions
     already committed never change.
     """
     pred, conf = predict(logits, temperature, generator, exclude)
     commit = commit_mask(conf, masked, strategy, threshold, steps, step, chain_start, schedule)
-    return torch.where(commit, pred, x), masked & ~commit
+    probs = torch.zeros_like(conf) if probs is None else probs
+    return torch.where(commit, pred, x), masked & ~commit, torch.where(commit, conf, probs)

@@ -11,16 +11,17 @@ from ..attention.block_mask import CLEAN
 from ..model.processor import PromptBatch
 from ..model.runner import ModelRunner
 from .constraint import TokenConstraint
-from .remasking import without_token
-from .result import DecodeResult, PhaseClock, trim_at_eos
+from .remasking import predict
+from .result import DecodeResult, PhaseClock, decode_result
 
 
 @torch.inference_mode()
 def generate_ar(runner: ModelRunner, batch: PromptBatch, max_new_tokens: int, eos_id: int,
                 ignore_eos: bool = False, constraint: TokenConstraint | None = None,
                 mask_id: int | None = None) -> DecodeResult:
-    """Greedy tokens for a batch of prompts; `mask_id`, the checkpoint's diffusion mask token, is never
-    chosen (as in the block decoder, which with B = 1 gives the same tokens)."""
+    """Greedy tokens for a batch of prompts, with each token's probability (`DecodeResult.token_probs`);
+    `mask_id`, the checkpoint's diffusion mask token, is never chosen (as in the block decoder, which with
+    B = 1 gives the same tokens and probabilities)."""
     device = runner.device
     b, prompt_len = batch.input_ids.shape
     padded = not bool(batch.attention_mask.all())
@@ -32,12 +33,13 @@ def generate_ar(runner: ModelRunner, batch: PromptBatch, max_new_tokens: int, eo
     logits, next_pos = runner.prefill(batch, cache, 1, vision)
     clock.lap("prefill")
     out = torch.full((b, max_new_tokens), eos_id, dtype=torch.long, device=device)
+    probs = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     kind = torch.full((b, 1), CLEAN, dtype=torch.long, device=device)
     for t in range(max_new_tokens):
         if constraint is not None:
             logits = constraint.apply(logits[:, None], t, out[:, :t] if constraint.envelope is not None else None)[:, 0]
-        token = (logits if mask_id is None else without_token(logits, mask_id)).argmax(dim=-1)
+        token, probs[:, t] = predict(logits, 0.0, exclude=mask_id)
         out[:, t] = token
         if not ignore_eos:
             done |= token == eos_id
@@ -52,5 +54,4 @@ def generate_ar(runner: ModelRunner, batch: PromptBatch, max_new_tokens: int, eo
         logits = runner.logits(hidden[:, -1])
     clock.lap("denoise")
     clock.timings["commit"] = 0.0
-    answers, finished, produced = trim_at_eos(out, eos_id, max_new_tokens, ignore_eos)
-    return DecodeResult(answers, finished, produced, runner.forwards, clock.total())
+    return decode_result(out, probs, eos_id, max_new_tokens, ignore_eos, runner.forwards, clock.total())

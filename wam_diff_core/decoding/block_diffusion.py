@@ -21,7 +21,7 @@ from ..model.runner import ModelRunner
 from .config import DecoderConfig
 from .constraint import TokenConstraint
 from .remasking import commit_mask, predict, step_count
-from .result import DecodeResult, PhaseClock, trim_at_eos
+from .result import DecodeResult, PhaseClock, decode_result
 
 
 def _full(batch: int, n: int, value: int, device) -> torch.Tensor:
@@ -78,6 +78,7 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
     first_block = -(-prompt_len // B)  # response block ids follow every prompt block
     offsets = torch.arange(B, device=device)
     out = _full(b, cfg.answer_positions, eos_id, device)
+    probs = torch.zeros((b, cfg.answer_positions), dtype=torch.float32, device=device)  # each token's, at its commit
     done = torch.zeros(b, dtype=torch.bool, device=device)
     pending = None  # (tokens, positions) of a finished block not yet in the cache
     for j in range(n_blocks):
@@ -85,6 +86,7 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
         pos = next_pos[:, None] + j * B + offsets
         x = _full(b, B, mask_id, device)
         masked = torch.ones(b, B, dtype=torch.bool, device=device)
+        x_probs = torch.zeros(b, B, dtype=torch.float32, device=device)
         rope = runner.rope(pos) if B > 1 else None
         chains = constraint.chains(j * B, B) if constraint is not None and cfg.number_order and B > 1 else None
         for s in range(K):
@@ -111,10 +113,12 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
             pred, conf = predict(logits, cfg.temperature, generator, exclude=mask_id)
             commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains, cfg.schedule)
             x = torch.where(commit, pred, x)
+            x_probs = torch.where(commit, conf, x_probs)
             masked = masked & ~commit
             if dynamic and s < K - 1 and bool(_settled(x, masked, done, eos_id, offsets, cfg.ignore_eos).all()):
                 break
         out[:, j * B:(j + 1) * B] = x
+        probs[:, j * B:(j + 1) * B] = x_probs
         clock.lap("denoise")
         if not cfg.ignore_eos:
             done |= (x == eos_id).any(dim=1)
@@ -132,5 +136,4 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
             clock.lap("commit")
 
     clock.timings.setdefault("commit", 0.0)
-    answers, finished, produced = trim_at_eos(out, eos_id, cfg.max_new_tokens, cfg.ignore_eos)
-    return DecodeResult(answers, finished, produced, runner.forwards, clock.total())
+    return decode_result(out, probs, eos_id, cfg.max_new_tokens, cfg.ignore_eos, runner.forwards, clock.total())
