@@ -50,10 +50,41 @@ def test_invalid_plan_gives_an_empty_trajectory_naming_the_error_and_deletes_mar
     assert {m.action for m in marker_array_msg(plan, header).markers} == {2}  # Marker.DELETE
 
 
-def test_detection_boxes_become_centre_and_size_in_pixels():
-    header = Header(frame_id="camera_front")
-    msg = detections_msg([Detection("truck", (10.0, 20.0, 50.0, 40.0), (0, 0, 0, 0), 0.75)], header)
+def test_detection_boxes_become_centre_and_size_in_pixels_with_one_scored_hypothesis():
+    header = Header(frame_id="camera_front_optical_frame")
+    msg = detections_msg([Detection("truck", (10.0, 20.0, 50.0, 40.0), (0, 0, 0, 0), 0.75),
+                          Detection("car", (0.0, 0.0, 4.0, 2.0), (0, 0, 0, 0), 0.125)], header)
     d = msg.detections[0]
-    assert (d.class_id, d.score, d.header.frame_id) == ("truck", 0.75, "camera_front")
-    assert (d.bbox.center.x, d.bbox.center.y, d.bbox.size_x, d.bbox.size_y) == (30.0, 30.0, 40.0, 20.0)
+    assert len(d.results) == 1 and d.header.frame_id == "camera_front_optical_frame" and d.id == ""
+    assert (d.results[0].hypothesis.class_id, d.results[0].hypothesis.score) == ("truck", 0.75)
+    assert (d.bbox.center.position.x, d.bbox.center.position.y, d.bbox.center.theta) == (30.0, 30.0, 0.0)
+    assert (d.bbox.size_x, d.bbox.size_y) == (40.0, 20.0)
+    assert [(r.hypothesis.class_id, r.hypothesis.score) for r in msg.detections[1].results] == [("car", 0.125)]
     assert detections_msg(None, header).detections == []
+
+
+def test_detection_messages_have_the_field_layout_of_vision_msgs_4():
+    from wam_diff_msgs.msg import (BoundingBox2D, Detection2D, Detection2DArray, ObjectHypothesis,
+                                   ObjectHypothesisWithPose, Point2D, Pose2D)
+
+    def fields(cls):
+        return cls.get_fields_and_field_types()
+
+    assert fields(Point2D) == {"x": "double", "y": "double"}
+    assert fields(Pose2D) == {"position": "wam_diff_msgs/Point2D", "theta": "double"}
+    assert fields(BoundingBox2D) == {"center": "wam_diff_msgs/Pose2D", "size_x": "double", "size_y": "double"}
+    assert fields(ObjectHypothesis) == {"class_id": "string", "score": "double"}
+    assert fields(ObjectHypothesisWithPose) == {"hypothesis": "wam_diff_msgs/ObjectHypothesis",
+                                                "pose": "geometry_msgs/PoseWithCovariance"}
+    assert fields(Detection2D) == {"header": "std_msgs/Header",
+                                   "results": "sequence<wam_diff_msgs/ObjectHypothesisWithPose>",
+                                   "bbox": "wam_diff_msgs/BoundingBox2D", "id": "string"}
+    assert fields(Detection2DArray) == {"header": "std_msgs/Header",
+                                        "detections": "sequence<wam_diff_msgs/Detection2D>"}
+
+
+def test_an_out_of_range_score_is_clamped_into_0_1():
+    header = Header(frame_id="cam")
+    msg = detections_msg([Detection("car", (0.0, 0.0, 1.0, 1.0), (0, 0, 0, 0), 1.0000002),
+                          Detection("car", (0.0, 0.0, 1.0, 1.0), (0, 0, 0, 0), -0.5)], header)
+    assert [d.results[0].hypothesis.score for d in msg.detections] == [1.0, 0.0]

@@ -1,7 +1,7 @@
 """Policy results (Plan, Answer, Detection) and planner statistics -> ROS 2 messages.
 
 Every output takes the stamp of the input frame set; trajectory-like outputs are in the ego
-frame (`base_frame_id`, x forward, y left), detections in the camera frame of the input image.
+frame (`base_frame_id`, x forward, y left), detections in the (optical) frame of the input image.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from visualization_msgs.msg import Marker, MarkerArray
 
 from wam_diff_core.constants import WAYPOINT_DT_S
 from wam_diff_core.types import Detection, Plan
-from wam_diff_msgs.msg import Detection2D, Detection2DArray, Trajectory, TrajectoryPoint
+from wam_diff_msgs.msg import (Detection2D, Detection2DArray, ObjectHypothesis, ObjectHypothesisWithPose, Trajectory,
+                               TrajectoryPoint)
 
 # Headings of steps shorter than this are unreliable; the previous heading is kept instead.
 _MIN_STEP_M = 1e-3
@@ -70,13 +71,15 @@ def path_msg(plan: Plan, header: Header) -> Path:
 
 
 def detections_msg(detections: Optional[Sequence[Detection]], header: Header) -> Detection2DArray:
-    """Boxes in pixels -> Detection2DArray (centre and size), header copied from the input image."""
+    """Boxes in pixels -> Detection2DArray laid out like vision_msgs 4.x: bbox centre and size in pixels (theta 0),
+    one result per box with its class_id and score (0..1, `Detection.score`), header copied from the input image."""
     out = Detection2DArray(header=header)
     for det in detections or ():
         x1, y1, x2, y2 = (float(v) for v in det.box_px)
-        d = Detection2D(header=header, class_id=str(det.label), score=float(det.score))
-        d.bbox.center.x = (x1 + x2) / 2.0
-        d.bbox.center.y = (y1 + y2) / 2.0
+        hypothesis = ObjectHypothesis(class_id=str(det.label), score=min(max(float(det.score), 0.0), 1.0))
+        d = Detection2D(header=header, results=[ObjectHypothesisWithPose(hypothesis=hypothesis)])
+        d.bbox.center.position.x = (x1 + x2) / 2.0
+        d.bbox.center.position.y = (y1 + y2) / 2.0
         d.bbox.size_x = abs(x2 - x1)
         d.bbox.size_y = abs(y2 - y1)
         out.detections.append(d)
