@@ -20,7 +20,7 @@ $(STAMP): requirements.txt $(wildcard requirements-*.txt) setup.py scripts/insta
 	@echo "==> ROS 2 Jazzy wheels"
 	@$(PIP) install -r requirements-ros.txt
 	@echo "==> simulator (highway-env) and training extras (tensorboard)"
-	@$(PIP) install -r requirements-sim.txt -r requirements-train.txt
+	@$(PIP) install -r requirements-sim.txt -r requirements-train.txt -r requirements-data.txt
 	@echo "==> CARLA 0.9.15 client"
 	@$(PIP) install -r requirements-carla.txt
 	@echo "==> wam_diff_msgs interfaces"

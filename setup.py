@@ -39,6 +39,7 @@ setup(
             "wam-diff-ros-latency = wam_diff_ros.latency_probe:main",
             "wam-diff-bench2drive = wam_diff_ros.carla.runner:main",
             "wam-diff-carla-bridge = wam_diff_ros.carla_bridge_node:main",
+            "wam-diff-bag = wam_diff_ros.bag.cli:main",
         ],
         "wam_diff_core.extensions": ["kernels = wam_diff_kernels.plugin:register"],
     },
