@@ -306,6 +306,7 @@ def test_bridge_publishes_image_odometry_clock_and_drives_from_trajectories(monk
         wait(lambda: got["odom"] and len(got["clock"]) > 2 and got["image"], "bridge outputs")
         img = got["image"][-1]
         assert (img.encoding, img.height, img.width) == ("rgb8", 2, 3)
+        assert img.header.frame_id == "rgb_front_optical_frame"
         assert bytes(img.data[:3]) == bytes([2, 1, 0])  # first BGRA pixel 0,1,2,3 -> RGB 2,1,0
         odom = got["odom"][-1]
         assert (odom.pose.pose.position.x, odom.pose.pose.position.y) == (10.0, -20.0)
@@ -315,6 +316,7 @@ def test_bridge_publishes_image_odometry_clock_and_drives_from_trajectories(monk
         assert np.allclose(np.diff(t[-3:]), 0.05)
         ego = world.actors[0]
         assert ego.controls[-1].brake > 0.0 and ego.controls[-1].throttle == 0.0  # no plan yet: brake
+        _late_subscribers_get_the_command_and_the_camera_transforms(probe, wait)
         wait(lambda: pub.get_subscription_count() >= 1, "bridge subscription")
         pub.publish(trajectory(10.0))  # faster than the ego's 5 m/s: throttle
         wait(lambda: ego.controls[-1].throttle > 0.0, "throttle from a valid trajectory")
@@ -329,3 +331,30 @@ def test_bridge_publishes_image_odometry_clock_and_drives_from_trajectories(monk
         rclpy.try_shutdown(context=ctx)
     assert result.get("rc") == 0
     assert all(not a.alive for a in world.actors) and world.applied[-1] == (False, None)
+
+
+def _late_subscribers_get_the_command_and_the_camera_transforms(probe, wait):
+    """Subscribed after the bridge started: the command (transient local) and, where tf2_msgs is installed, the
+    mounting of SENSORS[0] (x 0.8, y 0, z 1.6, no rotation) on /tf_static."""
+    from std_msgs.msg import String
+
+    from wam_diff_ros.topic_qos import COMMAND_QOS, STATIC_TF_QOS
+
+    commands, tf = [], []
+    probe.create_subscription(String, "command", commands.append, COMMAND_QOS)
+    try:
+        from tf2_msgs.msg import TFMessage
+    except ImportError:  # PyPI has no tf2_msgs wheel: the transforms' content is checked in test_camera_tf.py
+        TFMessage = None
+    if TFMessage is not None:
+        probe.create_subscription(TFMessage, "/tf_static", tf.append, STATIC_TF_QOS)
+    wait(lambda: commands and (TFMessage is None or tf), "the command and /tf_static for a late subscriber")
+    assert commands[0].data == "follow lane"
+    if TFMessage is not None:
+        ts = {t.child_frame_id: t for t in tf[-1].transforms}
+        link = ts["rgb_front_link"].transform
+        assert ts["rgb_front_link"].header.frame_id == "base_link"
+        assert (link.translation.x, link.translation.y, link.translation.z) == (0.8, 0.0, 1.6)
+        assert (link.rotation.x, link.rotation.y, link.rotation.z, link.rotation.w) == (0.0, 0.0, 0.0, 1.0)
+        optical = ts["rgb_front_optical_frame"].transform.rotation
+        assert (optical.x, optical.y, optical.z, optical.w) == (-0.5, 0.5, -0.5, 0.5)

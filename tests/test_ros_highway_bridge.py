@@ -89,7 +89,8 @@ def test_planning_tick_publishes_the_route_target_with_the_image_stamp_when_give
         while bridge._target_pub.get_subscription_count() < 1:
             assert time.monotonic() < deadline, "no route target subscriber"
             time.sleep(0.02)
-        world = SimpleNamespace(t=12.5, snapshot=lambda: {"t": world.t})
+        world = SimpleNamespace(t=12.5, snapshot=lambda: {"t": world.t}, width=16, height=8, scaling=2.0,
+                                anchor=(0.25, 0.5))
         policy = RosPlannerPolicy(bridge)
         policy.bind(world)
         frame = np.zeros((8, 16, 3), np.uint8)
@@ -103,6 +104,7 @@ def test_planning_tick_publishes_the_route_target_with_the_image_stamp_when_give
         target, image = (next(m for k, m in events if k == kind) for kind in ("target", "image"))
         assert (target.header.stamp.sec, target.header.stamp.nanosec) == (12, 500_000_000)
         assert target.header.stamp == image.header.stamp and target.header.frame_id == "base_link"
+        assert image.header.frame_id == "camera_front_optical_frame"
         assert (target.point.x, target.point.y) == (24.75, 3.5)
 
         world.t = 13.0
@@ -111,9 +113,69 @@ def test_planning_tick_publishes_the_route_target_with_the_image_stamp_when_give
         time.sleep(0.3)  # a target would have been published before this tick's image, which already arrived
         assert sorted(k for k, _ in events) == ["image", "image", "target"]
         assert [m.header.stamp.sec for k, m in events if k == "image"] == [12, 13]
+        _assert_late_subscribers_get_the_command_and_the_camera_transforms(probe, ns)
     finally:
         executor.shutdown(timeout_sec=2.0)
         bridge.destroy_node()
         probe.destroy_node()
         rclpy.try_shutdown(context=context)
         spinner.join(2.0)
+
+
+def _assert_late_subscribers_get_the_command_and_the_camera_transforms(probe, ns):
+    """Subscribed after the bridge published: the last command (once, before the two ticks) and /tf_static."""
+    from std_msgs.msg import String
+
+    from wam_diff_ros.topic_qos import COMMAND_QOS, STATIC_TF_QOS
+
+    got = {"command": [], "tf": []}
+    probe.create_subscription(String, f"{ns}/command", got["command"].append, COMMAND_QOS)
+    try:
+        from tf2_msgs.msg import TFMessage
+    except ImportError:  # PyPI has no tf2_msgs wheel: only the transforms' content is checked (test_camera_tf.py)
+        TFMessage = None
+    if TFMessage is not None:
+        probe.create_subscription(TFMessage, "/tf_static", got["tf"].append, STATIC_TF_QOS)
+    deadline = time.monotonic() + 10
+    while not got["command"] or (TFMessage is not None and not got["tf"]):
+        assert time.monotonic() < deadline, f"late subscriber got {[(k, len(v)) for k, v in got.items()]}"
+        time.sleep(0.02)
+    assert [m.data for m in got["command"]] == ["turn left"]
+    if TFMessage is not None:
+        transforms = {t.child_frame_id: t for t in got["tf"][-1].transforms}
+        link = transforms["camera_front_link"].transform
+        assert transforms["camera_front_link"].header.frame_id == "base_link"
+        # 16 x 8 px at 2 px/m with the ego at (0.25, 0.5): the image centre is 2 m ahead, on the centre line
+        assert (link.translation.x, link.translation.y, link.translation.z) == (2.0, 0.0, 20.0)
+        assert (link.rotation.x, link.rotation.y, link.rotation.z, link.rotation.w) == (-0.5, 0.5, 0.5, 0.5)
+        optical = transforms["camera_front_optical_frame"].transform.rotation
+        assert (optical.x, optical.y, optical.z, optical.w) == (-0.5, 0.5, -0.5, 0.5)
+
+
+def test_the_top_down_camera_maps_its_image_onto_the_ground_where_the_world_draws_it():
+    """base_link -> optical frame (translation + rotation of both transforms) applied to a pixel's point on the
+    ground agrees with the world's own ego -> pixel mapping (HighwayWorld.ego_to_pixels)."""
+    highway = pytest.importorskip("wam_diff_core.sim.highway", reason="embedded world dependencies not installed")
+    from wam_diff_ros.camera_tf import OPTICAL_ROTATION
+    from wam_diff_ros.highway_bridge_node import TOP_DOWN_HEIGHT_M, top_down_mount
+
+    world = SimpleNamespace(width=256, height=128, scaling=3.0, anchor=(0.25, 0.5))
+    mount = top_down_mount("camera_front", world.width, world.height, world.scaling, world.anchor)
+    assert mount.xyz == pytest.approx((64 / 3, 0.0, TOP_DOWN_HEIGHT_M))
+    link = _rotation_matrix(mount.rotation)
+    base_from_optical = link @ _rotation_matrix(OPTICAL_ROTATION)
+    assert np.allclose(base_from_optical, np.diag([1.0, -1.0, -1.0]))  # right = forward, down = right, view = down
+    ego = np.array([[12.0, 4.5], [-5.0, -7.25], [0.0, 0.0]])
+    u, v = highway.HighwayWorld.ego_to_pixels(world, ego).T
+    # the optical frame's origin is the image centre; pixels are 1 / scaling metres; the ground is TOP_DOWN_HEIGHT_M away
+    in_optical = np.stack([(u - world.width / 2) / world.scaling, (v - world.height / 2) / world.scaling,
+                           np.full(len(u), TOP_DOWN_HEIGHT_M)], axis=1)
+    in_base = in_optical @ base_from_optical.T + np.array(mount.xyz)
+    assert np.allclose(in_base, np.column_stack([ego, np.zeros(len(ego))]))
+
+
+def _rotation_matrix(q):
+    x, y, z, w = q
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])

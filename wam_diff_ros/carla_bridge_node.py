@@ -3,11 +3,13 @@
 Connects to a CARLA server (host, port, timeout; a dead server is a clear error naming host:port
 and the timeout, exit code 2), runs it in synchronous mode with fixed 0.05 s steps, spawns the ego
 and its sensors (config/carla_bridge.yaml), and every tick publishes
-  - sensor_msgs/Image (rgb8) per camera, stamped with the simulation time,
+  - sensor_msgs/Image (rgb8) per camera, stamped with the simulation time, frame <sensor id>_optical_frame,
   - nav_msgs/Odometry: pose in `map_frame` (right-handed: x, -y_carla; heading -yaw_carla),
     twist in `base_frame` (ego frame: x forward, y left),
   - rosgraph_msgs/Clock on /clock (simulation time; run the planner with use_sim_time),
-  - std_msgs/String navigation command.
+  - std_msgs/String navigation command (transient local, depth 1, reliable: a late subscriber gets it),
+and once, on /tf_static, base_frame -> <id>_link -> <id>_optical_frame of every camera, from its mounting
+in the sensor list (camera_tf, `carla_mount`).
 It subscribes wam_diff_msgs/Trajectory (ego frame at header.stamp), holds the last valid plan,
 re-expresses it at the current pose and applies the shared controller's output as
 carla.VehicleControl; an invalid or stale trajectory brakes. On exit (Ctrl-C, SIGTERM, error) it
@@ -37,6 +39,7 @@ from wam_diff_ros.carla.agent_config import validate_sensors
 from wam_diff_ros.carla.frames import (carla_steer, carla_to_rh, carla_yaw_to_heading, ego_state_from_carla,
                                        vehicle_max_steer_rad)
 from wam_diff_ros.carla.plan_tracking import HeldPlan, valid_trajectory
+from wam_diff_ros.camera_tf import CameraMount, StaticTransforms, quaternion_from_rpy
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "carla_bridge.yaml"
 POSE_HISTORY_S = 10.0
@@ -125,6 +128,15 @@ class PoseHistory:
         return self.poses[best]
 
 
+def carla_mount(sensor: dict) -> CameraMount:
+    """A CARLA camera's mounting (x forward, y right, z up, metres; roll, pitch up, yaw right, degrees, relative
+    to the vehicle) in the right-handed base frame (x forward, y left, z up): (x, -y, z), roll, -pitch, -yaw."""
+    xyz = (float(sensor["x"]), -float(sensor["y"]), float(sensor["z"]))
+    rotation = quaternion_from_rpy(math.radians(sensor["roll"]), -math.radians(sensor["pitch"]),
+                                   -math.radians(sensor["yaw"]))
+    return CameraMount(str(sensor["id"]), xyz, rotation)
+
+
 def sim_stamp(t: float):
     """Simulation time `t` (s) as a builtin_interfaces/Time."""
     from builtin_interfaces.msg import Time
@@ -177,6 +189,8 @@ class Bridge:
         from std_msgs.msg import String
         from wam_diff_msgs.msg import Trajectory
 
+        from wam_diff_ros.topic_qos import COMMAND_QOS
+
         self.cfg, self.context = cfg, context
         self.node = rclpy.create_node("wam_diff_carla_bridge", context=context)
         self.executor = rclpy.executors.SingleThreadedExecutor(context=context)
@@ -184,7 +198,10 @@ class Bridge:
         self.cameras = {cam: self.node.create_publisher(Image, topic, 1) for cam, topic in cfg.topics.items()}
         self.odometry = self.node.create_publisher(Odometry, cfg.odometry_topic, 10)
         self.clock = self.node.create_publisher(Clock, "/clock", 10)
-        self.command = self.node.create_publisher(String, cfg.command_topic, 10)
+        self.command = self.node.create_publisher(String, cfg.command_topic, COMMAND_QOS)
+        self.mounts = {s["id"]: carla_mount(s) for s in cfg.sensors if s["id"] in cfg.topics}
+        self.static_tf = StaticTransforms(self.node)  # held: /tf_static answers late subscribers while the node lives
+        self.static_tf.publish(list(self.mounts.values()), cfg.base_frame)
         self.controller = Controller(cfg.controller)
         self.history = PoseHistory()
         self.held: Optional[HeldPlan] = None
@@ -214,7 +231,7 @@ class Bridge:
 
         self.clock.publish(Clock(clock=sim_stamp(now)))
         for cam, pub in self.cameras.items():
-            pub.publish(camera_image(data[cam], cam, sim_stamp(now)))
+            pub.publish(camera_image(data[cam], self.mounts[cam].optical_frame, sim_stamp(now)))
         self.odometry.publish(odometry_msg(odo, sim_stamp(now), self.cfg.map_frame, self.cfg.base_frame))
         self.command.publish(String(data=self.cfg.command))
 

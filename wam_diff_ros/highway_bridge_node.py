@@ -3,9 +3,12 @@
 The bridge drives routes of the suite with the same loop and scoring as `wam-diff drive`
 (wam_diff_core.sim.closed_loop.run_route); the policy it hands that loop is the planner node,
 reached over ROS. The world runs in lockstep with the planner (like CARLA's synchronous mode):
-at each planning tick the bridge publishes /clock, Odometry, the navigation command, the route
-target point (junction routes only) and the camera Image stamped with simulated time, then waits
-for the Trajectory carrying that stamp.
+at each planning tick the bridge publishes /clock, Odometry, the navigation command (when it changes;
+transient local, so a late subscriber gets the last one), the route target point (junction routes
+only) and the camera Image stamped with simulated time in the camera's optical frame, then waits for
+the Trajectory carrying that stamp. The camera's mounting goes once on /tf_static (camera_tf):
+the world's frame is an ego-aligned top-down orthographic view (image right = forward, image up = left,
+`scaling` px/m, the ego at `anchor`), so its <camera>_link sits above the image centre looking down.
 Between plans the controller tracks the last plan (`replan_every` ticks at 10 Hz).
 At the end it prints the Bench2Drive-style table and writes OUT/summary.json (+ a video).
 
@@ -38,7 +41,9 @@ from wam_diff_core.model.settings import check_route_target_scenarios
 from wam_diff_core.types import EgoState, Plan
 from wam_diff_msgs.msg import Trajectory
 
+from .camera_tf import CameraMount, StaticTransforms
 from .image_conversion import rgb_to_raw
+from .topic_qos import COMMAND_QOS
 
 NODE_NAME = "wam_diff_highway_bridge"
 
@@ -56,19 +61,34 @@ PARAMETERS = {
     "video": (True, "write a video of the first route with the plan drawn"),
     "camera_topic": ("/camera/image_raw", "sensor_msgs/Image published at each planning tick"),
     "odometry_topic": ("/odom", "nav_msgs/Odometry of the ego"),
-    "command_topic": ("command", "std_msgs/String navigation command"),
+    "command_topic": ("command", "std_msgs/String navigation command, published when it changes (transient local, "
+                                 "depth 1, reliable)"),
     "route_target_topic": ("route_target", "geometry_msgs/PointStamped route target point in base_frame_id, "
                                            "published before the image on ticks where the route has one"),
     "route_target_scenarios": (",".join(JUNCTION_SCENARIOS), "comma-separated junction route types whose ticks "
                                "publish a route target (the planner's checkpoint's wam_diff.json route_target_scenarios; "
                                "wam-diff-demo sets it)"),
     "trajectory_topic": ("trajectory", "wam_diff_msgs/Trajectory from the planner"),
-    "camera_frame_id": ("camera_front", "frame id of the camera images"),
+    "camera_name": ("camera_front", "images are stamped with <camera_name>_optical_frame; base_frame_id -> "
+                                    "<camera_name>_link -> <camera_name>_optical_frame go on /tf_static"),
     "base_frame_id": ("base_link", "child frame of the odometry; frame of the route target point"),
     "odom_frame_id": ("odom", "frame of the odometry pose"),
 }
 
 ROUTE_GAP_S = 1.0
+# The top-down view looks the same from any height; its camera is drawn this high above the image centre.
+TOP_DOWN_HEIGHT_M = 20.0
+# The top-down camera's link: x (its view) straight down, y (image left) backward, z (image up) left.
+TOP_DOWN_ROTATION = (-0.5, 0.5, 0.5, 0.5)
+
+
+def top_down_mount(name: str, width: int, height: int, scaling: float, anchor: tuple[float, float]) -> CameraMount:
+    """The embedded world's camera: a `width` x `height` top-down view of `scaling` px/m with the ego at `anchor`
+    (fractions of width, height); its link sits TOP_DOWN_HEIGHT_M above the image centre, in base_link
+    ((0.5 - anchor_x) width / scaling ahead, (anchor_y - 0.5) height / scaling to the left)."""
+    x = (0.5 - float(anchor[0])) * width / scaling
+    y = (float(anchor[1]) - 0.5) * height / scaling
+    return CameraMount(name, (x, y, TOP_DOWN_HEIGHT_M), TOP_DOWN_ROTATION)
 
 
 def _ns_to_time(ns: int):
@@ -91,6 +111,7 @@ class RosPlannerPolicy:
 
     def bind(self, world) -> None:
         self.world = world
+        self.bridge.publish_camera_tf(world)
 
     def plan(self, images, ego: EgoState, command: str, target=None) -> Plan:
         return self.bridge.request_plan(self.world, images[0], ego, command, target)
@@ -108,9 +129,11 @@ class HighwayBridgeNode(Node):
         self._clock_pub = self.create_publisher(Clock, "/clock", 10)
         self._image_pub = self.create_publisher(Image, p["camera_topic"], 1)
         self._odom_pub = self.create_publisher(Odometry, p["odometry_topic"], 10)
-        self._command_pub = self.create_publisher(String, p["command_topic"], 10)
+        self._command_pub = self.create_publisher(String, p["command_topic"], COMMAND_QOS)
         self._target_pub = self.create_publisher(PointStamped, p["route_target_topic"], 10)
         self._traj_sub = self.create_subscription(Trajectory, p["trajectory_topic"], self._on_trajectory, 10)
+        self._static_tf = StaticTransforms(self)
+        self.camera = CameraMount(str(p["camera_name"]), (0.0, 0.0, TOP_DOWN_HEIGHT_M), TOP_DOWN_ROTATION)
         self._cond = threading.Condition()
         self._trajectories: dict[int, Trajectory] = {}
         self._offset_ns = 0
@@ -119,6 +142,12 @@ class HighwayBridgeNode(Node):
         self.timeouts = 0
 
     # ------------------------------------------------------------------ ROS side
+    def publish_camera_tf(self, world) -> None:
+        """The camera of `world` (its frame size, `scaling` px/m and ego `anchor`) on /tf_static, once per mounting."""
+        self.camera = top_down_mount(self.camera.name, int(world.width), int(world.height), float(world.scaling),
+                                     world.anchor)
+        self._static_tf.publish([self.camera], self.cfg["base_frame_id"])
+
     def _on_trajectory(self, msg: Trajectory) -> None:
         stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
         with self._cond:
@@ -154,7 +183,7 @@ class HighwayBridgeNode(Node):
             self._target_pub.publish(PointStamped(header=Header(stamp=stamp, frame_id=p["base_frame_id"]),
                                                   point=Point(x=float(x), y=float(y))))
         data, step = rgb_to_raw(np.ascontiguousarray(frame), "rgb8")
-        image = Image(header=Header(stamp=stamp, frame_id=p["camera_frame_id"]), height=frame.shape[0],
+        image = Image(header=Header(stamp=stamp, frame_id=self.camera.optical_frame), height=frame.shape[0],
                       width=frame.shape[1], encoding="rgb8", is_bigendian=0, step=step, data=data)
         t0 = time.monotonic()
         self._image_pub.publish(image)
