@@ -48,8 +48,10 @@ def test_record_writes_every_tick_on_the_planner_topics_with_simulated_stamps(dr
     path, summary, ticks = drive
     assert summary["ticks"] == len(ticks) == TICKS
     with BagReader(path) as bag:
-        assert bag.topics == {T.CLOCK_TOPIC: (T.CLOCK, TICKS), T.ODOMETRY_TOPIC: (T.ODOMETRY, TICKS),
-                              T.COMMAND_TOPIC: (T.STRING, TICKS), T.CAMERA_TOPIC: (T.IMAGE, TICKS)}
+        assert bag.topics == {T.TF_STATIC_TOPIC: (T.TF_MESSAGE, 1), T.CLOCK_TOPIC: (T.CLOCK, TICKS),
+                              T.ODOMETRY_TOPIC: (T.ODOMETRY, TICKS), T.COMMAND_TOPIC: (T.STRING, 1),  # on change
+                              T.CAMERA_TOPIC: (T.IMAGE, TICKS)}
+        [tf] = [m.msg for m in bag.messages([T.TF_STATIC_TOPIC])]
         odom = [m for m in bag.messages([T.ODOMETRY_TOPIC])]
         images = [m for m in bag.messages([T.CAMERA_TOPIC])]
         assert '"route_id": "bag_highway"' in bag.custom["wam_diff.route"]
@@ -62,6 +64,11 @@ def test_record_writes_every_tick_on_the_planner_topics_with_simulated_stamps(dr
         assert m.msg.twist.twist.linear.x == tick.ego.vx and m.msg.child_frame_id == T.BASE_FRAME_ID
     frame = images[5].msg
     assert (frame.height, frame.width, frame.encoding, frame.step) == (128, 256, "rgb8", 768)
+    assert frame.header.frame_id == "camera_front_optical_frame"
+    assert [(t.header.frame_id, t.child_frame_id) for t in tf.transforms] == [
+        ("base_link", "camera_front_link"), ("camera_front_link", "camera_front_optical_frame")]
+    # the link above the image centre: the ego sits a quarter in, so the centre is 256 / 4 px / 3 px/m ahead
+    assert tf.transforms[0].transform.translation.x == pytest.approx(256 / 4 / 3.0)
     assert np.array_equal(frame.data.reshape(128, 256, 3), ticks[5].frame)
 
 

@@ -1,8 +1,8 @@
 """rosbags message instances built from the typestore's definitions: every field present, zero unless given.
 
 rosbags' generated message classes have no field defaults (rclpy's have), so a Marker needs all nineteen of its
-fields; `blank` fills what a caller leaves out the way rclpy would: numbers 0, strings empty, sequences empty,
-fixed arrays of zeros, nested messages blank in turn.
+fields; `blank` fills what a caller leaves out the way rclpy would: numbers 0 (or the definition's stated default),
+strings empty, sequences empty, fixed arrays of zeros, nested messages blank in turn.
 """
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import numpy as np
 from .errors import BagError
 
 NODE_BASE, NODE_NAME, NODE_ARRAY, NODE_SEQUENCE = 1, 2, 3, 4  # rosbags.typesys.base.Nodetype values
+# Default values the .msg definitions state (rosbags' parsed definitions drop them): among the ROS 2 Jazzy messages
+# this project uses, only geometry_msgs/Quaternion's "float64 w 1" (the identity rotation).
+STATED_DEFAULTS = {"geometry_msgs/msg/Quaternion": {"w": 1.0}}
 _NUMPY_NAMES = {"bool": "bool_", "char": "uint8"}  # ROS base type -> numpy dtype name where they differ
 
 
@@ -52,7 +55,8 @@ def blank(store, typename: str, **fields):
     unknown = set(fields) - {name for name, _ in defs}
     if unknown:
         raise ValueError(f"{typename} has no field(s) {sorted(unknown)}")
-    values = {name: fields[name] if name in fields else _default(store, desc) for name, desc in defs}
+    stated = STATED_DEFAULTS.get(typename, {})
+    values = {name: fields[name] if name in fields else stated.get(name, _default(store, desc)) for name, desc in defs}
     return cls(**values)
 
 

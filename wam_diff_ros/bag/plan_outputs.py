@@ -64,11 +64,12 @@ def path_msg(store, plan: Plan, stamp_ns: int, frame_id: str):
 
 
 def detections_msg(store, detections: Optional[Sequence[Detection]], stamp_ns: int, frame_id: str):
-    """Boxes in pixels -> Detection2DArray: one hypothesis (label, score) per box, centre and size, zero pose."""
+    """Boxes in pixels -> Detection2DArray: one hypothesis (label, score clipped to 0..1) per box, centre and size."""
     out = []
     for det in detections or ():
         x1, y1, x2, y2 = (float(v) for v in det.box_px)
-        hypothesis = blank(store, "wam_diff_msgs/msg/ObjectHypothesis", class_id=str(det.label), score=float(det.score))
+        hypothesis = blank(store, "wam_diff_msgs/msg/ObjectHypothesis", class_id=str(det.label),
+                           score=min(max(float(det.score), 0.0), 1.0))
         centre = blank(store, "wam_diff_msgs/msg/Pose2D", position=blank(
             store, "wam_diff_msgs/msg/Point2D", x=(x1 + x2) / 2.0, y=(y1 + y2) / 2.0))
         bbox = blank(store, "wam_diff_msgs/msg/BoundingBox2D", center=centre, size_x=abs(x2 - x1), size_y=abs(y2 - y1))

@@ -1,7 +1,7 @@
 """`wam-diff-bag replay BAG --realtime`: the bag published into a running ROS 2 graph over DDS at its recorded rate
 (what `ros2 bag play` does), for a live planner node to plan on. Messages go out as recorded, serialized, without
-being decoded; each topic's publisher is reliable with depth 10, which best-effort subscribers (the planner's
-cameras and odometry) accept too."""
+being decoded. Every publisher is reliable and transient local (depth 10): subscribers of any reliability and
+durability accept it, the planner's latched command subscription included."""
 from __future__ import annotations
 
 import importlib
@@ -32,7 +32,7 @@ def play(bag_path, *, rate: float = 1.0, delay_s: float = 0.5, topics: Optional[
     """Publish `topics` of the bag (default: all) at `rate` times the recorded pace, after `delay_s` for
     discovery; every topic under `namespace` when given. Returns messages published per topic and the wall time."""
     import rclpy
-    from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+    from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
     if not rate > 0:
         raise BagError(f"--rate {rate}: expected a positive factor of the recorded pace")
@@ -50,7 +50,8 @@ def play(bag_path, *, rate: float = 1.0, delay_s: float = 0.5, topics: Optional[
             for t in chosen:
                 if t not in reader.topics:
                     raise BagError(f"bag {bag_path} has no topic {t}; its topics: {', '.join(sorted(reader.topics))}")
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
             pubs = {t: node.create_publisher(message_class(t, reader.topics[t][0]), _remap(t, namespace), qos)
                     for t in chosen}
             time.sleep(max(0.0, delay_s))

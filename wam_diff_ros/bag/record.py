@@ -2,8 +2,9 @@
 inputs at the world's 10 Hz: camera, odometry, navigation command, route target (junction routes) and /clock, on the
 planner's default topics with the types the highway bridge publishes, stamped with simulated time.
 
-Each tick is written in the bridge's order (clock, odometry, command, route target, camera) with one receive time,
-the tick's stamp. The world steps as in `wam-diff data` (the expert) or `wam-diff drive` (a policy, lockstep, same
+As the bridge: each tick goes out in the order clock, odometry, command (only when it changes; latched), route
+target, camera (in camera_front_optical_frame), all with the tick's stamp as receive time; the camera's mounting goes
+once on /tf_static. The world steps as in `wam-diff data` (the expert) or `wam-diff drive` (a policy, lockstep, same
 controller and replanning), so the same route and seed give the same drive.
 """
 from __future__ import annotations
@@ -114,11 +115,40 @@ def odometry_msg(store, tick, stamp_ns: int):
                  twist=blank(store, "geometry_msgs/msg/TwistWithCovariance", twist=twist))
 
 
-def tick_messages(store, tick, stamp_ns: int, image: str = "raw") -> list[tuple[str, str, object]]:
-    """(topic, type, message) of one tick in the bridge's publishing order."""
+# The top-down camera of highway_bridge_node.top_down_mount (which imports rclpy): its link this high above the image
+# centre, x (the view) straight down, y (image left) backward, z (image up) left; tests hold the two in step.
+TOP_DOWN_HEIGHT_M = 20.0
+TOP_DOWN_ROTATION = (-0.5, 0.5, 0.5, 0.5)
+
+
+def camera_tf_msg(store, stamp_ns: int, width: int, height: int, scaling: float = 3.0, anchor=(0.25, 0.5)):
+    """tf2_msgs/TFMessage of the world's camera: base_link -> camera_front_link (above the image centre) ->
+    camera_front_optical_frame, as the highway bridge sends on /tf_static (camera_tf.py)."""
+    from ..camera_tf import OPTICAL_ROTATION, CameraMount
+
+    mount = CameraMount(T.CAMERA_NAME, ((0.5 - anchor[0]) * width / scaling, (anchor[1] - 0.5) * height / scaling,
+                                        TOP_DOWN_HEIGHT_M), TOP_DOWN_ROTATION)
+
+    def transform(parent, child, xyz, rotation):
+        x, y, z, w = (float(v) for v in rotation)
+        return blank(store, "geometry_msgs/msg/TransformStamped", header=header(store, stamp_ns, parent),
+                     child_frame_id=child, transform=blank(
+                         store, "geometry_msgs/msg/Transform",
+                         translation=blank(store, "geometry_msgs/msg/Vector3", **dict(zip("xyz", map(float, xyz)))),
+                         rotation=blank(store, "geometry_msgs/msg/Quaternion", x=x, y=y, z=z, w=w)))
+
+    return blank(store, T.TF_MESSAGE, transforms=[
+        transform(T.BASE_FRAME_ID, mount.link_frame, mount.xyz, mount.rotation),
+        transform(mount.link_frame, mount.optical_frame, (0.0, 0.0, 0.0), OPTICAL_ROTATION)])
+
+
+def tick_messages(store, tick, stamp_ns: int, image: str = "raw", last_command: Optional[str] = None) -> list:
+    """(topic, type, message) of one tick in the bridge's publishing order; the command only when it differs from
+    `last_command`."""
     out = [(T.CLOCK_TOPIC, T.CLOCK, blank(store, T.CLOCK, clock=stamp(store, stamp_ns))),
-           (T.ODOMETRY_TOPIC, T.ODOMETRY, odometry_msg(store, tick, stamp_ns)),
-           (T.COMMAND_TOPIC, T.STRING, blank(store, T.STRING, data=tick.command))]
+           (T.ODOMETRY_TOPIC, T.ODOMETRY, odometry_msg(store, tick, stamp_ns))]
+    if tick.command != last_command:
+        out.append((T.COMMAND_TOPIC, T.STRING, blank(store, T.STRING, data=tick.command)))
     if tick.route_target is not None:
         x, y = tick.route_target
         out.append((T.ROUTE_TARGET_TOPIC, T.POINT_STAMPED, blank(
@@ -147,13 +177,15 @@ def record(route, out, *, policy=None, driver: str = "expert", frame_size=(256, 
         from tqdm import tqdm
 
         bar = tqdm(total=int(round(route.time_limit_s * 10)) + 1, desc=f"record {route.route_id}", unit="tick")
-    t0, n, last_t = time.perf_counter(), 0, 0.0
+    t0, n, last_t, command = time.perf_counter(), 0, 0.0, None
     with BagWriter(out, store, storage, custom) as bag:
         for tick in ticks:
             stamp_ns = start_ns + int(round(tick.t * 1e9))
-            for topic, msgtype, msg in tick_messages(store, tick, stamp_ns, image):
+            if n == 0:
+                bag.write(T.TF_STATIC_TOPIC, T.TF_MESSAGE, stamp_ns, camera_tf_msg(store, stamp_ns, *frame_size))
+            for topic, msgtype, msg in tick_messages(store, tick, stamp_ns, image, command):
                 bag.write(topic, msgtype, stamp_ns, msg)
-            n, last_t = n + 1, tick.t
+            n, last_t, command = n + 1, tick.t, tick.command
             if bar is not None:
                 bar.update(1)
     if bar is not None:

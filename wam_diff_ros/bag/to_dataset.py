@@ -107,13 +107,14 @@ def bag_samples(bag_path, out_dir: Path, split: str = "train", *, period_s: floa
             taken.append((index, rel, (frame.shape[1], frame.shape[0]), stamp, inputs.ego, inputs.command,
                           inputs.target_for(stamp)))
     samples = []
-    for index, rel, size, stamp, ego, command, target in taken:
+    for frame_index, rel, size, stamp, ego, command, target in taken:
         label, why = track.label(stamp)
         if label is None:
             skipped[why] += 1
             (out_dir / rel).unlink(missing_ok=True)
             continue
-        samples.append(planning_sample(name, index, rel, size, stamp, t0_ns, ego, command, target, label, split, extra))
+        samples.append(planning_sample(name, frame_index, rel, size, stamp, t0_ns, ego, command, target, label, split,
+                                       extra))
     return {"bag": str(bag_path), "name": name, "split": split, "camera_frames": index + 1, "frames_taken": len(taken),
             "frames": len(samples), "skipped": dict(skipped), "inputs_rejected": dict(inputs.rejected),
             "odometry_samples": len(track), "samples": samples}

@@ -27,7 +27,13 @@ OUTPUTS = {
     "answer": ("/answer", "wam_diff_msgs/msg/DrivingAnswer"),
 }
 
-CAMERA_FRAME_ID = "camera_front"  # the highway bridge's camera_frame_id
+TF_STATIC_TOPIC = "/tf_static"
+TF_MESSAGE = "tf2_msgs/msg/TFMessage"
+# latched topics (transient local, depth 1): the command, published when it changes, and the static transforms
+LATCHED_TOPICS = (COMMAND_TOPIC, TF_STATIC_TOPIC)
+
+CAMERA_NAME = "camera_front"  # the highway bridge's camera_name: images in <name>_optical_frame (camera_tf.py)
+CAMERA_FRAME_ID = f"{CAMERA_NAME}_optical_frame"
 BASE_FRAME_ID = "base_link"       # the planner's base_frame_id: trajectories, paths, markers, route targets
 ODOM_FRAME_ID = "odom"
 

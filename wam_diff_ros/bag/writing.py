@@ -7,8 +7,20 @@ from typing import Optional
 
 from .errors import BagError
 
+from .topics import LATCHED_TOPICS
+
 STORAGES = ("mcap", "sqlite3")
 BAG_VERSION = 9  # the rosbag2 metadata version ROS 2 Jazzy writes
+
+
+def latched_qos():
+    """The offered QoS recorded for a latched topic (reliable, transient local, depth 1), so `ros2 bag play` latches
+    it again."""
+    from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
+
+    never = QosTime(0, 0)
+    return Qos(QosHistory.KEEP_LAST, 1, QosReliability.RELIABLE, QosDurability.TRANSIENT_LOCAL, never, never,
+               QosLiveliness.AUTOMATIC, never, False)
 
 
 class BagWriter:
@@ -49,7 +61,9 @@ class BagWriter:
         """Serialize `msg` (a rosbags instance of `msgtype`) and append it at receive time `log_ns`."""
         conn = self._connections.get(topic)
         if conn is None:
-            conn = self._connections[topic] = self._writer.add_connection(topic, msgtype, typestore=self.store)
+            qos = [latched_qos()] if topic in LATCHED_TOPICS else []
+            conn = self._connections[topic] = self._writer.add_connection(topic, msgtype, typestore=self.store,
+                                                                          offered_qos_profiles=qos)
             self.counts[topic] = 0
         self._writer.write(conn, int(log_ns), self.store.serialize_cdr(msg, msgtype))
         self.counts[topic] += 1
