@@ -23,6 +23,7 @@ $(STAMP): requirements.txt $(wildcard requirements-*.txt) setup.py scripts/insta
 	@$(PIP) install -r requirements-sim.txt -r requirements-train.txt -r requirements-data.txt
 	@echo "==> CARLA 0.9.15 client"
 	@$(PIP) install -r requirements-carla.txt
+	@echo "==> nuScenes devkit (its numpy < 2 pin skipped: requirements-nuscenes.txt)" && $(PIP) install --no-deps -r requirements-nuscenes.txt
 	@echo "==> wam_diff_msgs interfaces"
 	@bash scripts/install_ros.sh $(VENV)
 	@echo "==> wam_diff_ros (editable)"

@@ -15,15 +15,30 @@ COMMANDS = {
     "bench": ("wam_diff_core.bench", "decode-speed benchmark: table + JSON"),
     "demo": ("wam_diff_core.demo", "run the main job on the embedded default"),
     "decode": ("wam_diff_core.decode_cli", "decode one prompt (image + ego state) and print the plan"),
-    "data": ("wam_diff_core.sim.datagen", "generate planning/detection/QA datasets from the embedded world"),
+    "data": ("wam_diff_core.sim.datagen", "generate planning/detection/QA datasets from the embedded world "
+                                          "(--nuscenes DATAROOT: from a nuScenes release)"),
     "dagger": ("wam_diff_core.sim.dagger", "planning data on the states a learned policy reaches, labelled by the expert"),
     "counterfactual": ("wam_diff_core.sim.counterfactual", "planning pairs that differ only in the traffic in view (expert-labelled)"),
     "sensitivity": ("wam_diff_core.sim.sensitivity", "does a planner slow down for the traffic it sees? (counterfactual frames)"),
     "drive": ("wam_diff_core.sim.closed_loop", "closed-loop driving on the embedded route suite"),
-    "score": ("wam_diff_core.eval.score_cli", "re-score saved closed-loop results, or an official leaderboard / Bench2Drive result file"),
+    "score": ("wam_diff_core.eval.score_cli", "re-score saved closed-loop results, or an official leaderboard / Bench2Drive result file "
+                                            "(--nuscenes SPLIT.json: open-loop L2 and collisions on nuScenes)"),
     "compare-drives": ("wam_diff_core.eval.compare_drives", "closed-loop runs side by side: table, JSON and plot"),
     "expert-probe": ("wam_diff_core.sim.expert_probe", "policies' plans beside the expert's on a route it drives"),
 }
+# (command, flag) -> the module that serves `wam-diff COMMAND FLAG ...` instead of the command's own
+VARIANTS = {
+    ("data", "--nuscenes"): "wam_diff_core.nuscenes.convert",
+    ("score", "--nuscenes"): "wam_diff_core.nuscenes.score",
+}
+
+
+def variant(name: str, rest: list[str]) -> str | None:
+    """The module of VARIANTS whose flag is among a command's arguments, None when none is."""
+    for (command, flag), module in VARIANTS.items():
+        if command == name and any(a == flag or a.startswith(flag + "=") for a in rest):
+            return module
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     module_name, help_text = COMMANDS[name]
+    module_name = variant(name, rest) or module_name
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
