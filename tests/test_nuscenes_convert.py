@@ -4,6 +4,7 @@ official splits kept apart, frames without a regular 4 s future skipped and coun
 annotations, and the output read by the training loader."""
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -130,7 +131,7 @@ def test_resized_frames_scale_the_boxes(converted):
     assert worst <= 0.1  # the boxes' one-decimal rounding
 
 
-def test_cli_converts_and_names_a_missing_dataroot_in_one_line(converted, tmp_path, capsys):
+def test_cli_converts_and_names_a_missing_dataroot_or_map_in_one_line(converted, tmp_path, capsys):
     root, _, _ = converted
     assert wam_diff(["data", "--nuscenes", str(root / "data"), "--version", "v1.0-mini", "--out", str(tmp_path / "o"),
                      "--tasks", "planning", "--no-progress"]) == 0
@@ -140,6 +141,11 @@ def test_cli_converts_and_names_a_missing_dataroot_in_one_line(converted, tmp_pa
     assert wam_diff(["data", "--nuscenes", str(tmp_path / "nowhere"), "--out", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("wam-diff data: error: --nuscenes") and "v1.0-mini/scene.json" in err and "\n" not in err
+    (tmp_path / "no_maps").mkdir()
+    shutil.copytree(root / "data" / "v1.0-mini", tmp_path / "no_maps" / "v1.0-mini")
+    assert wam_diff(["data", "--nuscenes", str(tmp_path / "no_maps"), "--out", str(tmp_path / "q")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the devkit cannot load v1.0-mini: map mask" in err and "\n" not in err
 
 
 def test_training_loader_reads_every_sample(converted, nano):

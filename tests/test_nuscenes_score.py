@@ -94,6 +94,8 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     assert res["l2_m"]["uniad"]["1s"] == pytest.approx(1.0)  # 10 % of 10 m
     assert wam_diff(["score", "--nuscenes", str(split)]) == 2
     assert capsys.readouterr().err.strip() == "wam-diff score: error: give one of --predictions PRED.jsonl or --model MODEL"
+    assert wam_diff(["score", "--nuscenes", str(split), "--predictions", str(tmp_path / "none.jsonl")]) == 2
+    assert "error: --predictions" in capsys.readouterr().err
 
 
 def test_cli_decodes_with_a_model_and_keeps_its_predictions(tmp_path, capsys):

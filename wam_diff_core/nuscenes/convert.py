@@ -17,6 +17,7 @@ what was kept and skipped.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shutil
@@ -82,35 +83,54 @@ def _sample(sid: str, task: str, rel: str, question: str, answer: str, meta: dic
                               {"from": "gpt", "value": answer}], "meta": meta}
 
 
-def _future_boxes(nusc, frames, i: int) -> list:
+@dataclass
+class _Scene:
+    """What every keyframe of a scene reads: the devkit, the keyframes with their times (N,) s, ego positions (N, 2)
+    and headings (N,), the annotated boxes per sample token (`reader.sample_boxes`, cached), where samples go."""
+
+    nusc: object
+    frames: list
+    name: str
+    split: str
+    out_dir: Path
+    opts: ConvertOptions
+
+    def __post_init__(self):
+        self.times = np.array([f.t for f in self.frames])
+        self.xy = np.array([f.xy for f in self.frames], dtype=np.float64).reshape(-1, 2)
+        self.yaw = np.array([f.yaw for f in self.frames])
+        self.boxes_of = functools.lru_cache(maxsize=None)(functools.partial(reader.sample_boxes, self.nusc))
+
+    def objects(self, sample_token: str, i: int) -> list:
+        """A sample's annotated boxes in keyframe i's ego frame."""
+        return reader.plane_objects(self.boxes_of(sample_token), self.frames[i].xy, self.frames[i].yaw)
+
+
+def _future_boxes(sc: _Scene, i: int) -> list:
     """Per future keyframe, the annotated vehicle.* boxes [x, y, yaw, length, width] in keyframe i's ego frame."""
-    kf, out = frames[i], []
-    for j in range(1, NUM_WAYPOINTS + 1):
-        objs = reader.plane_objects(nusc, frames[i + j].sample_token, kf.xy, kf.yaw)
-        out.append([[round(o.x, 3), round(o.y, 3), round(o.yaw, 4), round(o.length, 3), round(o.width, 3)]
-                    for o in objs if o.category.startswith(reader.COLLISION_CATEGORY_PREFIX)
-                    and math.hypot(o.x, o.y) <= FUTURE_BOX_RANGE_M])
-    return out
+    return [[[round(o.x, 3), round(o.y, 3), round(o.yaw, 4), round(o.length, 3), round(o.width, 3)]
+             for o in sc.objects(sc.frames[i + j].sample_token, i)
+             if o.category.startswith(reader.COLLISION_CATEGORY_PREFIX) and math.hypot(o.x, o.y) <= FUTURE_BOX_RANGE_M]
+            for j in range(1, NUM_WAYPOINTS + 1)]
 
 
-def _keyframe(nusc, frames, arrays, i: int, scene: str, split: str, out_dir: Path, opts: ConvertOptions):
-    """The samples of keyframe i, its future boxes row (None without a trajectory) and why it has none ("").
-    arrays: the scene's keyframe times (N,), ego positions (N, 2) and headings (N,)."""
+def _keyframe(sc: _Scene, i: int):
+    """The samples of keyframe i, its future boxes row (None without a trajectory) and why it has none ("")."""
     from ..codec import format_detections, format_trajectory
     from ..prompts import detection_prompt, planning_prompt, qa_prompt
 
-    kf = frames[i]
-    rel = f"images/{scene}/{kf.index:03d}.jpg"
-    size = _write_image(kf.image, out_dir / rel, opts.frame_size)
-    dets = _detections(reader.camera_objects(nusc, kf.camera_token, opts.min_visibility), kf.size, size)
-    ego = reader.ego_motion(nusc, kf.camera_token)
-    future, why = future_trajectory(*arrays, i, opts.dt_tolerance)
+    kf, opts = sc.frames[i], sc.opts
+    rel = f"images/{sc.name}/{kf.index:03d}.jpg"
+    size = _write_image(kf.image, sc.out_dir / rel, opts.frame_size)
+    dets = _detections(reader.camera_objects(sc.nusc, kf.camera_token, opts.min_visibility), kf.size, size)
+    ego = reader.ego_motion(sc.nusc, kf.camera_token)
+    future, why = future_trajectory(sc.times, sc.xy, sc.yaw, i, opts.dt_tolerance)
     command = navigation_command(future) if future is not None else None
-    meta = {"scene": scene, "scenario": DATASOURCE, "split": split, "sample_token": kf.sample_token,
-            "t": round(kf.t - frames[0].t, 3), "command": command,
+    meta = {"scene": sc.name, "scenario": DATASOURCE, "split": sc.split, "sample_token": kf.sample_token,
+            "t": round(kf.t - sc.frames[0].t, 3), "command": command,
             "ego": [round(v, 4) for v in (ego.vx, ego.vy, ego.ax, ego.ay, ego.yaw_rate)],
             "frame_size": list(size), "boxes_px": [[round(c, 1) for c in d.box_px] for d in dets]}
-    base = f"{scene}_{kf.index:03d}"
+    base = f"{sc.name}_{kf.index:03d}"
     samples = []
     if "detection" in opts.tasks:
         samples.append(_sample(f"{base}_det", "detection", rel, detection_prompt(), format_detections(dets), meta))
@@ -120,28 +140,25 @@ def _keyframe(nusc, frames, arrays, i: int, scene: str, split: str, out_dir: Pat
         samples.append(_sample(f"{base}_plan", "planning", rel, planning_prompt(ego, command),
                                format_trajectory(future), meta))
     if "qa" in opts.tasks:
-        vehicles = [o for o in reader.plane_objects(nusc, kf.sample_token, kf.xy, kf.yaw)
-                    if o.category in reader.DETECTION_LABELS]
+        vehicles = [o for o in sc.objects(kf.sample_token, i) if o.category in reader.DETECTION_LABELS]
         for kind, question, answer in qa_answers(vehicles, len(dets), ego, command, future):
             samples.append(_sample(f"{base}_qa_{kind}", "qa", rel, qa_prompt(question), answer, {**meta, "qa_kind": kind}))
-    return samples, {"id": f"{base}_plan", "boxes": _future_boxes(nusc, frames, i)}, ""
+    return samples, {"id": f"{base}_plan", "boxes": _future_boxes(sc, i)}, ""
 
 
 def convert_scene(nusc, scene: dict, split: str, out_dir: Path, opts: ConvertOptions) -> dict:
     """One scene's samples, future boxes and counts (a part, as `wam-diff data` writes per route)."""
     t0 = time.perf_counter()
-    frames = reader.scene_keyframes(nusc, scene)
+    sc = _Scene(nusc, reader.scene_keyframes(nusc, scene), scene["name"], split, out_dir, opts)
     samples, boxes, skipped = [], [], Counter()
-    arrays = (np.array([f.t for f in frames]), np.array([f.xy for f in frames]).reshape(-1, 2),
-              np.array([f.yaw for f in frames]))
-    for i in range(len(frames)):
-        s, b, why = _keyframe(nusc, frames, arrays, i, scene["name"], split, out_dir, opts)
+    for i in range(len(sc.frames)):
+        s, b, why = _keyframe(sc, i)
         samples += s
         if b is None:
             skipped[why] += 1
         else:
             boxes.append(b)
-    return {"scene": scene["name"], "split": split, "keyframes": len(frames), "planning_frames": len(boxes),
+    return {"scene": scene["name"], "split": split, "keyframes": len(sc.frames), "planning_frames": len(boxes),
             "skipped": dict(skipped), "samples": samples, "boxes": boxes, "wall_s": round(time.perf_counter() - t0, 3)}
 
 

@@ -58,7 +58,10 @@ def open_dataset(dataroot: str | Path, version: str):
     if not (tables / "scene.json").is_file():
         raise UsageError(f"--nuscenes {dataroot}: no {version} tables (expected {tables}/scene.json)")
     nuscenes = devkit()
-    return nuscenes.NuScenes(version=version, dataroot=str(dataroot), verbose=False)
+    try:
+        return nuscenes.NuScenes(version=version, dataroot=str(dataroot), verbose=False)
+    except (AssertionError, KeyError, ValueError, OSError) as exc:  # the devkit asserts on missing files
+        raise UsageError(f"--nuscenes {dataroot}: the devkit cannot load {version}: {exc or type(exc).__name__}") from None
 
 
 def scene_splits(version: str) -> dict[str, str]:
@@ -182,13 +185,29 @@ class PlaneObject:
     width: float
 
 
-def plane_objects(nusc, sample_token: str, origin: tuple[float, float], yaw: float) -> list[PlaneObject]:
-    """The annotated boxes of a sample in the ego frame at `origin` (global x, y m) heading `yaw` (rad)."""
-    out = []
+@dataclass(frozen=True)
+class SampleBoxes:
+    """The annotated boxes of a sample on the global ground plane: categories and (N, 5) [x, y, yaw, length,
+    width] (m, rad)."""
+
+    categories: tuple[str, ...]
+    boxes: np.ndarray
+
+
+def sample_boxes(nusc, sample_token: str) -> SampleBoxes:
+    """The annotated boxes of a sample (its sample_annotation rows) on the global ground plane."""
+    cats, rows = [], []
     for token in nusc.get("sample", sample_token)["anns"]:
         ann = nusc.get("sample_annotation", token)
-        x, y = to_frame(np.array(ann["translation"][:2]), origin, yaw)
-        width, length = float(ann["size"][0]), float(ann["size"][1])
-        heading = (yaw_of(ann["rotation"]) - yaw + math.pi) % (2 * math.pi) - math.pi
-        out.append(PlaneObject(ann["category_name"], float(x), float(y), heading, length, width))
-    return out
+        cats.append(ann["category_name"])
+        rows.append([ann["translation"][0], ann["translation"][1], yaw_of(ann["rotation"]), ann["size"][1],
+                     ann["size"][0]])
+    return SampleBoxes(tuple(cats), np.array(rows, dtype=np.float64).reshape(-1, 5))
+
+
+def plane_objects(boxes: SampleBoxes, origin: tuple[float, float], yaw: float) -> list[PlaneObject]:
+    """A sample's boxes in the ego frame at `origin` (global x, y m) heading `yaw` (rad)."""
+    xy = to_frame(boxes.boxes[:, :2], origin, yaw)
+    heading = (boxes.boxes[:, 2] - yaw + math.pi) % (2 * math.pi) - math.pi
+    return [PlaneObject(c, float(p[0]), float(p[1]), float(h), float(b[3]), float(b[4]))
+            for c, p, h, b in zip(boxes.categories, xy, heading, boxes.boxes)]

@@ -57,6 +57,8 @@ def collisions(trajectory: np.ndarray, boxes: list) -> np.ndarray:
 
 
 def read_predictions(path: Path) -> dict[str, str]:
+    if not Path(path).is_file():
+        raise UsageError(f"--predictions {path}: not a file (expected JSONL of {{id, text}})")
     preds = {}
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():
@@ -91,7 +93,7 @@ def score(dataset: Path, predictions: dict[str, str], boxes: Optional[Path] = No
     boxes = Path(boxes) if boxes else default_boxes(dataset)
     future_boxes = {}
     if boxes.is_file():
-        future_boxes = {r["id"]: r["boxes"] for r in map(json.loads, boxes.read_text().splitlines()) if r}
+        future_boxes = {r["id"]: r["boxes"] for r in map(json.loads, filter(str.strip, boxes.read_text().splitlines()))}
     pred, gt, ids, invalid = [], [], [], 0
     for s in samples:
         if s["id"] not in predictions:
