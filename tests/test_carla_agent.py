@@ -1,5 +1,6 @@
 """Bench2Drive agent run_step on synthetic leaderboard input_data with the real carla client."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,7 +191,9 @@ def test_bad_sensor_yaml_is_rejected_naming_the_field(tmp_path):
 
 def test_decoding_yaml_is_checked_at_load_naming_the_bad_key_or_value():
     data = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    assert data["decoding"] == {"backend": "sdpa"} and AgentConfig.from_dict(data).decoding == {"backend": "sdpa"}
+    # the shipped model with its own decoding settings: the YAML's decoding section sets nothing
+    assert data["model"] == "nano-s-b32" and data["decoding"] is None and AgentConfig.from_dict(data).decoding == {}
+    assert AgentConfig.from_dict({**data, "decoding": {"steps": 2}}).decoding == {"steps": 2}
     for bad, match in (({"stepz": 2}, r"decoding: unknown decoding settings \['stepz'\]"),
                        ({"strategy": "fancy"}, "strategy 'fancy'"), ([2], "mapping of DecoderConfig fields")):
         with pytest.raises(AgentConfigError, match=match):
@@ -213,11 +216,11 @@ def test_destroy_writes_counters_and_comfort_signals(tmp_path, monkeypatch):
 
 
 def test_real_nano_policy_through_setup_gives_counted_brakes_on_its_untrained_text(tmp_path):
-    """The default path: setup() loads DrivingPolicy from the YAML; the untrained nano preset writes
-    garbage, which must come out as an invalid plan and a brake, never an exception."""
+    """setup() loads DrivingPolicy from the YAML; the untrained nano preset writes garbage, which must come
+    out as an invalid plan and a brake, never an exception."""
     pytest.importorskip("wam_diff_core.policy")
     conf = tmp_path / "nano.yaml"
-    conf.write_text(DEFAULT_CONFIG.read_text().replace("device: cuda", "device: cpu")
+    conf.write_text(DEFAULT_CONFIG.read_text().replace("model: nano-s-b32", "model: nano").replace("device: cuda", "device: cpu")
                     .replace("# steps: 2", "steps: 2").replace("image_size: null", "image_size: [64, 36]"))
     a = agent_mod.WamDiffAgent("localhost", 2000, False)
     a.set_global_plan(*straight_route())
@@ -249,14 +252,44 @@ class AutonomousAgent(object):
         self._global_plan_world_coord = None
         self.hero_actor = None
 
+    @staticmethod
+    def get_ros_version():
+        return -1
+
     def set_global_plan(self, global_plan_gps, global_plan_world_coord):
         self._global_plan = global_plan_gps
         self._global_plan_world_coord = global_plan_world_coord
 '''
 
+EVALUATOR_STYLE_SETUP = """
+import importlib, json, math, os, sys
+sys.path.insert(0, {stub_root!r})
+agent_path = {agent_path!r}
+# as leaderboard_evaluator.py loads an agent: by file path, module named after the file
+sys.path.insert(0, os.path.dirname(agent_path))
+module = importlib.import_module(os.path.basename(agent_path).split(".")[0])
+cls = getattr(module, getattr(module, "get_entry_point")())
+assert cls.get_ros_version() == -1
+from leaderboard.autoagents.autonomous_agent import AutonomousAgent, Track
+import carla
+assert carla.Client("localhost", 1).get_client_version() == "0.9.15", "the real client, not our package dir"
+agent = cls("localhost", 2000, 0)
+assert isinstance(agent, AutonomousAgent) and agent.track is Track.SENSORS
+from wam_diff_ros.carla.frames import GeoProjection
+world = [(carla.Transform(carla.Location(x=10.0 * i, y=0.0)), 4) for i in range(10)]
+gps = [(dict(zip(("lat", "lon"), GeoProjection(49.0, 8.0).to_gnss(10.0 * i, 0.0)), z=0.0), 4) for i in range(10)]
+agent.set_global_plan(gps, world)
+agent.setup({conf!r} + "+RouteScenario_0_rep0_Town01_x")  # the evaluator appends '+<save_name>'
+settings = agent.policy.loaded.settings
+print(json.dumps({{"entry": cls.__name__, "model": settings.name, "decoding": dict(vars(agent.policy.config)),
+                  "sensors": [s["id"] for s in agent.sensors()], "checkpoint_block_size": settings.decoding.block_size}}))
+"""
 
-def test_agent_file_loads_by_path_like_the_leaderboard_and_subclasses_its_base(tmp_path):
-    """The evaluator does sys.path.insert(0, dirname(agent.py)); importlib.import_module('agent')."""
+
+def test_agent_loads_by_path_and_sets_up_like_the_evaluator_with_the_shipped_model_and_its_decoding(tmp_path):
+    """The evaluator: sys.path.insert(0, dirname(agent.py)); importlib.import_module('agent'); get_entry_point();
+    get_ros_version(); cls(host, port, debug); set_global_plan(gps, world); setup(conf + '+' + save_name)."""
+    import json
     import subprocess
     import sys
 
@@ -265,22 +298,19 @@ def test_agent_file_loads_by_path_like_the_leaderboard_and_subclasses_its_base(t
     (tmp_path / "leaderboard" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "autonomous_agent.py").write_text(LEADERBOARD_STUB)
-    code = f"""
-import importlib, os, sys
-sys.path.insert(0, {str(tmp_path)!r})
-sys.path.insert(0, os.path.dirname({agent_mod.__file__!r}))
-module = importlib.import_module("agent")
-cls = getattr(module, module.get_entry_point())
-from leaderboard.autoagents.autonomous_agent import AutonomousAgent, Track
-agent = cls("localhost", 2000, 0)
-assert isinstance(agent, AutonomousAgent) and agent.track is Track.SENSORS
-import carla
-assert carla.Client("localhost", 1).get_client_version() == "0.9.15", "the real client, not our package dir"
-print("ok", cls.__name__)
-"""
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    conf = tmp_path / "agent.yaml"  # the default YAML on the CPU
+    conf.write_text(DEFAULT_CONFIG.read_text().replace("device: cuda", "device: cpu"))
+    code = EVALUATOR_STYLE_SETUP.format(stub_root=str(tmp_path), agent_path=str(Path(agent_mod.__file__).resolve()),
+                                        conf=str(conf))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.strip() == "ok WamDiffAgent"
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["entry"] == "WamDiffAgent" and out["model"] == "nano-s-b32"
+    assert out["sensors"] == ["rgb_front", "speed", "imu", "gnss"]
+    shipped = json.loads((Path(agent_mod.__file__).resolve().parents[2] / "models" / "nano-s-b32" / "wam_diff.json").read_text())
+    for key, value in shipped["decoding"].items():  # the checkpoint's own decoding, nothing forced by the YAML
+        assert out["decoding"][key] == value, key
+    assert out["decoding"]["block_size"] == 32 == out["checkpoint_block_size"]
 
 
 def test_steer_is_normalised_by_the_hero_full_lock():

@@ -3,6 +3,8 @@ import json
 import os
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -193,11 +195,79 @@ def test_runner_score_refuses_a_misspelt_infraction_list_naming_route_and_key(tm
     assert not (out / "summary.json").exists()
 
 
-def test_runner_rejects_missing_bench2drive_checkout(tmp_path, capsys):
-    routes = write_routes(tmp_path / "routes.xml")
-    assert runner.main(["run", "--routes", str(routes), "--bench2drive-root", str(tmp_path / "nope"),
-                        "--carla-root", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
-    assert "leaderboard evaluator not found" in capsys.readouterr().err
+def make_checkout(root):
+    """A directory shaped like a Bench2Drive checkout and a CARLA install: every file the runner checks, at its
+    real path, with stub contents (only the paths matter here). Returns (checkout, carla_root)."""
+    b2d, carla_root = root / "Bench2Drive", root / "CARLA_0.9.15"
+    for rel in runner.CHECKOUT_FILES:
+        (b2d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (b2d / rel).write_text("")
+    write_routes(b2d / runner.DEFAULT_ROUTES)
+    for rel in runner.CARLA_FILES:
+        (carla_root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (carla_root / rel).write_text("")
+    return b2d, carla_root
+
+
+@pytest.mark.parametrize("missing", runner.CHECKOUT_FILES + runner.CARLA_FILES)
+def test_an_incomplete_checkout_or_carla_install_is_one_line_naming_the_missing_file(tmp_path, capsys, missing):
+    b2d, carla_root = make_checkout(tmp_path)
+    gone = (b2d if missing in runner.CHECKOUT_FILES else carla_root) / missing
+    gone.unlink()
+    assert runner.main(["--bench2drive", str(b2d), "--carla-root", str(carla_root), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"wam-diff-bench2drive: error: {gone} not found")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_evaluator_module_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    b2d, carla_root = make_checkout(tmp_path)
+    monkeypatch.setattr(runner, "EVALUATOR_MODULES", runner.EVALUATOR_MODULES + ("no_such_module_for_b2d",))
+    assert runner.main(["--bench2drive", str(b2d), "--carla-root", str(carla_root), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "['no_such_module_for_b2d']" in err and "requirements-carla.txt" in err
+
+
+def test_this_python_has_every_module_the_evaluator_and_scenario_runner_import():
+    pytest.importorskip("carla")
+    assert runner.missing_modules() == []
+
+
+def test_dry_run_builds_the_evaluator_command_for_a_checkout_with_its_default_routes(tmp_path, capsys):
+    from wam_diff_ros.carla import agent as agent_module
+    from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG
+
+    b2d, carla_root = make_checkout(tmp_path)
+    out = tmp_path / "o"
+    assert runner.main(["--bench2drive", str(b2d), "--carla-root", str(carla_root), "--out", str(out),
+                        "--ports", "2000,2100", "--gpus", "3", "--compat", "never", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2  # five routes, two ports: two shards
+    cmd = lines[0].split(" ")
+    assert cmd[:2] == [sys.executable, str((b2d / runner.EVALUATOR).resolve())]
+    assert cmd[2:] == [f"--routes={out / 'routes' / 'shard_0.xml'}", "--repetitions=1", "--track=SENSORS",
+                       f"--checkpoint={out / 'shard_0' / 'checkpoint.json'}",
+                       f"--debug-checkpoint={out / 'shard_0' / 'live_results.txt'}",
+                       f"--agent={Path(agent_module.__file__).resolve()}", f"--agent-config={DEFAULT_CONFIG.resolve()}",
+                       "--debug=0", "--port=2000", "--traffic-manager-port=8000", "--gpu-rank=3", "--timeout=600.0"]
+    assert "--port=2100" in lines[1] and "--traffic-manager-port=8100" in lines[1]
+    assert json.loads((out / "run.json").read_text())["routes"] == str((b2d / runner.DEFAULT_ROUTES).resolve())
+
+
+def test_evaluator_env_puts_leaderboard_scenario_runner_and_the_carla_pythonapi_on_pythonpath(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    b2d, carla_root = make_checkout(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "/earlier")
+    args = SimpleNamespace(bench2drive_root=str(b2d), carla_root=str(carla_root), out=str(tmp_path / "o"))
+    shard = runner.Shard(index=0, port=2000, tm_port=8000, gpu=1, routes=tmp_path, dir=tmp_path, route_ids=[])
+    env = runner.evaluator_env(args, shard, tmp_path / "compat")
+    c, b = carla_root.resolve(), b2d.resolve()
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "compat"), str(c / "PythonAPI"), str(c / "PythonAPI" / "carla"),
+                                                   str(b / "leaderboard"), str(b / "scenario_runner"), "/earlier"]
+    assert (env["CARLA_ROOT"], env["LEADERBOARD_ROOT"], env["SCENARIO_RUNNER_ROOT"]) == (str(c), str(b / "leaderboard"),
+                                                                                       str(b / "scenario_runner"))
+    assert env["SAVE_PATH"] == str((tmp_path / "o").resolve() / "agent") and env["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 def test_compat_shim_reports_the_carla_client_version(tmp_path):
@@ -212,33 +282,48 @@ def test_compat_shim_reports_the_carla_client_version(tmp_path):
     assert res.stdout.strip() == "0.9.15"
 
 
-def test_runner_dry_run_prints_evaluator_commands_and_rejects_overlapping_ports(tmp_path, capsys):
-    routes = write_routes(tmp_path / "routes.xml")
-    evaluator = tmp_path / "leaderboard" / "leaderboard" / "leaderboard_evaluator.py"
-    evaluator.parent.mkdir(parents=True)
-    evaluator.write_text("")
-    (tmp_path / "CarlaUE4.sh").write_text("")
-    base = ["run", "--routes", str(routes), "--bench2drive-root", str(tmp_path), "--carla-root", str(tmp_path),
-            "--compat", "never"]
-    assert runner.main(base + ["--out", str(tmp_path / "o1"), "--ports", "2000,2001"]) == 2
+def test_runner_rejects_overlapping_ports(tmp_path, capsys):
+    b2d, carla_root = make_checkout(tmp_path)
+    assert runner.main(["run", "--bench2drive", str(b2d), "--carla-root", str(carla_root), "--compat", "never",
+                        "--out", str(tmp_path / "o1"), "--ports", "2000,2001"]) == 2
     assert "at least 3 apart" in capsys.readouterr().err
-    assert runner.main(base + ["--out", str(tmp_path / "o2"), "--ports", "2000,2100", "--gpus", "3",
-                               "--dry-run"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 2
-    assert f"--evaluator" not in lines[0] and str(evaluator.resolve()) in lines[0]
-    assert "--port=2100" in lines[1] and "--traffic-manager-port=8100" in lines[1] and "--gpu-rank=3" in lines[1]
-    assert "wam_diff_ros/carla/agent.py" in lines[0] and "--resume" not in lines[0]
 
 
-def test_runner_gives_up_on_an_evaluator_that_always_fails_and_shows_its_log(tmp_path, capsys):
+def run_fake(tmp_path, script, *extra):
     routes = write_routes(tmp_path / "routes.xml", {"1711": "ParkingCutIn"})
-    broken = tmp_path / "broken_evaluator.py"
-    broken.write_text("import sys\nprint('ModuleNotFoundError: No module named py_trees')\nsys.exit(1)\n")
-    rc = runner.main(["run", "--routes", str(routes), "--bench2drive-root", str(tmp_path), "--carla-root", str(tmp_path),
-                      "--out", str(tmp_path / "o"), "--evaluator", str(broken), "--poll-s", "0.05",
-                      "--max-restarts", "1", "--compat", "never"])
+    fake = tmp_path / "fake_evaluator.py"
+    fake.write_text(textwrap.dedent(script))
+    return runner.main(["run", "--routes", str(routes), "--bench2drive-root", str(tmp_path), "--carla-root", str(tmp_path),
+                        "--out", str(tmp_path / "o"), "--evaluator", str(fake), "--poll-s", "0.05", "--grace-s", "5",
+                        "--compat", "never", *extra])
+
+
+def test_runner_restarts_a_failing_evaluator_then_gives_up_showing_its_log(tmp_path, capsys):
+    rc = run_fake(tmp_path, "import sys\nprint('Simulation crashed')\nsys.exit(1)\n", "--max-restarts", "1")
     assert rc == 2
     captured = capsys.readouterr()
-    assert "gave up after 1 restarts (exit codes [1, 1])" in captured.out
-    assert "No module named py_trees" in captured.out and "evaluator.log" in captured.err
+    assert "gave up after 1 restarts (exit codes [1, 1])" in captured.out and "Simulation crashed" in captured.out
+    assert "evaluator.log" in captured.err
+
+
+def test_an_evaluator_missing_a_module_is_not_restarted_and_the_module_is_named(tmp_path, capsys):
+    rc = run_fake(tmp_path, "import sys\nprint(\"ModuleNotFoundError: No module named 'py_trees'\")\nsys.exit(1)\n")
+    assert rc == 2
+    out = capsys.readouterr().out
+    assert "gave up at once: the evaluator cannot import 'py_trees': install it for" in out
+    assert "restart" not in out.replace("gave up", "")
+
+
+def test_an_unreachable_carla_server_stops_the_evaluator_after_three_failed_connections(tmp_path, capsys):
+    script = """\
+        import time
+        for attempt in range(3):
+            print(f"load_world failed , attempts={attempt}", flush=True)
+            print("time-out of 600000ms while waiting for the simulator", flush=True)
+        time.sleep(60)  # the real evaluator would go on trying for long
+        """
+    start = time.monotonic()
+    assert run_fake(tmp_path, script) == 2
+    assert time.monotonic() - start < 30
+    out = capsys.readouterr().out
+    assert "gave up at once: the CARLA server on port 2000 is not reachable" in out

@@ -1,9 +1,10 @@
 """Bench2Drive (leaderboard 2.0) agent driving with DrivingPolicy and the shared controller.
 
 The leaderboard imports this file by path (`--agent .../wam_diff_ros/carla/agent.py`), so every
-import here is absolute. Per tick (20 Hz): sensors -> ego pose (GNSS + compass) and ego state
-(speedometer + IMU) -> route planner -> navigation command and route target point (the route
-ROUTE_TARGET_AHEAD_M ahead, in the ego frame); every `plan_every_ticks` ticks the policy plans from
+import here is absolute. Per tick (20 Hz): sensors -> ego pose (GNSS fixes smoothed by
+gnss_filter.PositionFilter, which dead-reckons from speed, compass and IMU yaw rate; heading from
+the compass) and ego state (speedometer + IMU) -> route planner -> navigation command and route
+target point (the route ROUTE_TARGET_AHEAD_M ahead, in the ego frame); every `plan_every_ticks` ticks the policy plans from
 the front camera (BGRA -> RGB here); between plans the last plan is shifted in time and
 re-expressed in the current ego frame; the controller turns it into throttle/steer/brake.
 An invalid plan (bad model text, bad input) or a late one (wall time over `late_plan_s`) is dropped:
@@ -29,6 +30,7 @@ from wam_diff_core.types import EgoState, Plan
 from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG, AgentConfig
 from wam_diff_ros.carla.frames import (GeoProjection, carla_steer, carla_to_rh, compass_to_heading,
                                        ego_state_from_imu, vehicle_max_steer_rad, world_to_ego)
+from wam_diff_ros.carla.gnss_filter import PositionFilter
 from wam_diff_ros.carla.plan_tracking import HeldPlan, valid_trajectory
 from wam_diff_ros.carla.route_planner import RoutePlanner
 
@@ -51,6 +53,10 @@ except ImportError:  # standalone (tests, tools): same constructor and plan book
         def set_global_plan(self, global_plan_gps, global_plan_world_coord):
             self._global_plan = list(global_plan_gps)
             self._global_plan_world_coord = list(global_plan_world_coord)
+
+        @staticmethod
+        def get_ros_version():  # the evaluator asks every agent class; -1: not a ROS agent
+            return -1
 
 
 def get_entry_point() -> str:
@@ -100,6 +106,7 @@ class WamDiffAgent(AutonomousAgent):
         self.metric_info: dict[int, dict] = {}
         self._route: Optional[RoutePlanner] = None
         self._geo: Optional[GeoProjection] = None
+        self._gnss: Optional[PositionFilter] = None
         self._held: Optional[HeldPlan] = None
         self._max_steer: Optional[float] = None
         self._heading = 0.0
@@ -118,14 +125,22 @@ class WamDiffAgent(AutonomousAgent):
         self._route = RoutePlanner(world, options, self.config.route)
         gps = [(g["lat"], g["lon"]) for g, _ in self._global_plan]
         self._geo = GeoProjection.fit(gps, world)
+        filt = self.config.gnss_filter
+        if filt.enabled:
+            self._gnss = PositionFilter(filt, self._geo.gnss_noise_m(filt.gnss_std_deg))
 
-    def _pose(self, input_data) -> tuple[np.ndarray, float]:
-        """Ego (x, y) in CARLA world metres from GNSS, and right-handed heading (rad) from the compass."""
+    def _pose(self, input_data, speed: float, yaw_rate: float, time_s: float) -> tuple[np.ndarray, float]:
+        """Ego (x, y) in CARLA world metres from GNSS (filtered unless the YAML turns it off), and
+        right-handed heading (rad) from the compass. speed m/s, yaw_rate rad/s (CCW), time_s simulation s."""
         lat, lon = (float(v) for v in input_data[self.config.gnss][1][:2])
         compass = float(input_data[self.config.imu][1][6])
         if math.isfinite(compass):  # the compass reads NaN on the first frames
             self._heading = compass_to_heading(compass)
-        return np.array(self._geo.to_world(lat, lon)), self._heading
+        fix = np.array(self._geo.to_world(lat, lon))
+        if self._gnss is None:
+            return fix, self._heading
+        x, y_rh = self._gnss.update(carla_to_rh(fix)[0], speed, self._heading, yaw_rate, time_s)
+        return np.array([x, -y_rh]), self._heading
 
     def _images(self, input_data) -> list[np.ndarray]:
         images = [bgra_to_rgb(input_data[cam][1]) for cam in self.config.cameras]
@@ -177,7 +192,7 @@ class WamDiffAgent(AutonomousAgent):
         speed = float(input_data[cfg.speedometer][1]["speed"])
         imu = np.asarray(input_data[cfg.imu][1], dtype=np.float64)
         ego = ego_state_from_imu(speed, imu[0:3], imu[3:6])
-        ego_xy, heading = self._pose(input_data)
+        ego_xy, heading = self._pose(input_data, speed, ego.yaw_rate, float(timestamp))
         ego_rh = np.array([ego_xy[0], -ego_xy[1]])
         route = self._route.update(ego_xy)
         self.commands[route.command] += 1
@@ -215,7 +230,8 @@ class WamDiffAgent(AutonomousAgent):
         """Counters of this route: ticks, plans (valid / invalid / late), brake ticks, plan wall time."""
         wall = np.asarray(self.plan_wall_s) if self.plan_wall_s else np.zeros(1)
         return {**dict(self.stats), "commands": dict(self.commands), "plan_wall_s_mean": float(wall.mean()),
-                "plan_wall_s_max": float(wall.max()), "last_errors": list(self.last_errors)}
+                "plan_wall_s_max": float(wall.max()), "last_errors": list(self.last_errors),
+                "gnss_filter_resets": self._gnss.resets if self._gnss is not None else None}
 
     def output_dir(self) -> Optional[Path]:
         root = os.environ.get("SAVE_PATH")

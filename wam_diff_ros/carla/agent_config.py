@@ -12,11 +12,13 @@ from typing import Any, Optional
 
 import yaml
 
+from wam_diff_core.constants import SHIPPED_MODEL
 from wam_diff_core.control import ControllerConfig
 from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
 from wam_diff_core.errors import WamDiffError
 from wam_diff_core.plain_yaml import yaml_problem
 
+from .gnss_filter import GnssFilterConfig
 from .route_planner import RoutePlannerConfig
 
 POSE_KEYS = ("x", "y", "z", "roll", "pitch", "yaw")
@@ -88,7 +90,7 @@ def _dataclass_from(cls, values: Any, source: str, name: str):
 
 @dataclass
 class AgentConfig:
-    model: str = "nano"
+    model: str = SHIPPED_MODEL                        # the shipped model's name, a preset or a checkpoint directory
     device: str = "cpu"
     decoding: dict = field(default_factory=dict)     # DecoderConfig fields on the checkpoint's own (resolve_decoding)
     sim_hz: float = 20.0
@@ -105,6 +107,7 @@ class AgentConfig:
     sensors: list = field(default_factory=list)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     route: RoutePlannerConfig = field(default_factory=RoutePlannerConfig)
+    gnss_filter: GnssFilterConfig = field(default_factory=GnssFilterConfig)
     source: str = "<dict>"
 
     @property
@@ -126,6 +129,7 @@ class AgentConfig:
         d = dict(data)
         d["controller"] = _dataclass_from(ControllerConfig, d.get("controller"), source, "controller")
         d["route"] = _dataclass_from(RoutePlannerConfig, d.get("route"), source, "route")
+        d["gnss_filter"] = _dataclass_from(GnssFilterConfig, d.get("gnss_filter"), source, "gnss_filter")
         d["sensors"] = validate_sensors(d.get("sensors"), source)
         d["cameras"] = tuple(d.get("cameras", cls.cameras))
         if d.get("image_size") is not None:
@@ -144,6 +148,8 @@ class AgentConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v <= 0:
                 raise AgentConfigError(f"{src}: {name} must be a positive number, got {v!r}")
+        for problem in self.gnss_filter.problems():
+            raise AgentConfigError(f"{src}: gnss_filter: {problem}")
         if self.plan_hz > self.sim_hz:
             raise AgentConfigError(f"{src}: plan_hz {self.plan_hz} exceeds sim_hz {self.sim_hz}")
         if self.max_steer_deg is not None and (not isinstance(self.max_steer_deg, (int, float)) or not 0 < self.max_steer_deg < 90):

@@ -143,6 +143,12 @@ class GeoProjection:
         lat = 360.0 * math.atan(math.exp(my / (EARTH_RADIUS_M * s))) / math.pi - 90.0
         return lat, lon
 
+    def gnss_noise_m(self, std_deg: float) -> tuple[float, float]:
+        """GNSS noise of `std_deg` degrees on latitude and longitude as (x, y) metres near the reference:
+        longitude moves x by R cos(lat_ref) per radian, latitude moves y by R per radian."""
+        per_rad = math.radians(std_deg) * EARTH_RADIUS_M
+        return per_rad * self.scale, per_rad
+
     def to_world(self, lat: float, lon: float) -> tuple[float, float]:
         """(lat, lon) degrees -> CARLA world (x, y) metres; exact inverse of to_gnss."""
         s = self.scale

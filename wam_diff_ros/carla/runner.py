@@ -1,9 +1,13 @@
 """wam-diff-bench2drive: run Bench2Drive's leaderboard evaluator with the WAM-Diff agent, resume,
 merge and score.
 
-    wam-diff-bench2drive run --routes ROUTES.xml --bench2drive-root B2D --carla-root CARLA_0.9.15 \
-        --out runs/b2d [--ports 2000,2100] [--gpus 0,1] [--agent-config config/carla_agent.yaml] [--resume]
+    wam-diff-bench2drive [run] --bench2drive B2D --carla-root CARLA_0.9.15 --out runs/b2d \
+        [--routes ROUTES.xml] [--ports 2000,2100] [--gpus 0,1] [--agent-config config/carla_agent.yaml] [--resume]
     wam-diff-bench2drive score --out runs/b2d [--routes ROUTES.xml]
+
+`run` is the default sub-command; --routes defaults to the checkout's leaderboard/data/bench2drive220.xml.
+Before starting anything the checkout (CHECKOUT_FILES), the CARLA install (CARLA_FILES) and the Python
+modules the evaluator imports (EVALUATOR_MODULES) are checked: a missing one is one line naming it.
 
 `run` splits the route file round-robin into one shard per port and starts one evaluator per shard
 in parallel (Bench2Drive's evaluator starts its own CARLA server from CARLA_ROOT on that port;
@@ -19,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +40,18 @@ from wam_diff_ros.carla.route_xml import RouteFileError, parse_routes, split_rou
 
 MANIFEST = "run.json"
 COMPAT_NOTE = "written by wam-diff-bench2drive"
+DEFAULT_ROUTES = "leaderboard/data/bench2drive220.xml"
+EVALUATOR = "leaderboard/leaderboard/leaderboard_evaluator.py"
+# What the evaluator needs from a Bench2Drive checkout: itself, the agent base class, the weather table it reads
+# relative to its working directory, and the scenario runner it imports.
+CHECKOUT_FILES = (EVALUATOR, "leaderboard/leaderboard/autoagents/autonomous_agent.py", "leaderboard/data/weather.xml",
+                  "scenario_runner/srunner/scenariomanager/carla_data_provider.py")
+# From CARLA: the server the evaluator starts, and the `agents` package of its PythonAPI the scenario runner imports.
+CARLA_FILES = ("CarlaUE4.sh", "PythonAPI/carla/agents/navigation/global_route_planner.py")
+# Third-party modules the evaluator and the scenario runner import (requirements-carla.txt installs them).
+EVALUATOR_MODULES = ("carla", "pkg_resources", "py_trees", "six", "simple_watchdog_timer", "tabulate", "dictor",
+                     "networkx", "shapely", "ephem", "psutil", "xmlschema", "pexpect", "transforms3d", "requests")
+SETUP_HINT = "pip install -r requirements-carla.txt (make install does)"
 
 
 class RunnerError(WamDiffError, RuntimeError):
@@ -54,6 +71,7 @@ class Shard:
     proc: Optional[subprocess.Popen] = None
     log: Optional[object] = None
     history: list[int] = field(default_factory=list)  # exit codes
+    connected: bool = False  # the evaluator's latest start reached its CARLA server
 
     @property
     def checkpoint(self) -> Path:
@@ -156,10 +174,35 @@ def _parse_int_list(text: str, what: str) -> list[int]:
     return values
 
 
+def missing_modules(names=None) -> list[str]:
+    """The modules of `names` (default EVALUATOR_MODULES) this Python cannot import (looked up, not imported)."""
+    import importlib.util
+
+    return [m for m in (EVALUATOR_MODULES if names is None else names) if importlib.util.find_spec(m) is None]
+
+
+def check_install(args) -> None:
+    """One line naming the first missing file of the checkout or the CARLA install, or the missing modules."""
+    b2d, carla_root = Path(args.bench2drive_root), Path(args.carla_root or ".")
+    for rel in CHECKOUT_FILES:
+        if not (b2d / rel).is_file():
+            raise RunnerError(f"{b2d / rel} not found: --bench2drive must be a Bench2Drive checkout "
+                              f"(git clone https://github.com/Thinklab-SJTU/Bench2Drive)")
+    for rel in CARLA_FILES:
+        if not (carla_root / rel).is_file():
+            raise RunnerError(f"{carla_root / rel} not found: --carla-root (or $CARLA_ROOT) must be a CARLA 0.9.15 "
+                              f"install with its PythonAPI")
+    missing = missing_modules()
+    if missing:
+        raise RunnerError(f"the evaluator needs Python modules {missing}, not importable by {sys.executable}: {SETUP_HINT}")
+
+
 def prepare(args) -> tuple[list[Shard], list, dict]:
     """Validate inputs, write shard route files and the manifest; returns shards, routes, types."""
     out = Path(args.out)
-    routes_path = Path(args.routes)
+    if not args.evaluator_is_fake:
+        check_install(args)
+    routes_path = Path(args.routes or Path(args.bench2drive_root) / DEFAULT_ROUTES)
     try:
         routes = parse_routes(routes_path)
     except RouteFileError as exc:
@@ -172,12 +215,11 @@ def prepare(args) -> tuple[list[Shard], list, dict]:
     if close:  # a CARLA server also listens on port + 1 (streaming) and port + 2 (secondary)
         raise RunnerError(f"--ports must be at least 3 apart (CARLA uses port, port+1, port+2), got {ports}")
     n = min(len(ports), len(routes))
-    evaluator = Path(args.evaluator) if args.evaluator else Path(args.bench2drive_root) / "leaderboard" / "leaderboard" / "leaderboard_evaluator.py"
+    evaluator = Path(args.evaluator) if args.evaluator else Path(args.bench2drive_root) / EVALUATOR
     if not evaluator.is_file():
-        raise RunnerError(f"leaderboard evaluator not found at {evaluator}; --bench2drive-root must be a Bench2Drive checkout")
+        raise RunnerError(f"leaderboard evaluator not found at {evaluator}; --bench2drive must be a Bench2Drive checkout")
     args.evaluator = evaluator.resolve()
-    if not args.evaluator_is_fake and not (Path(args.carla_root) / "CarlaUE4.sh").is_file():
-        raise RunnerError(f"{Path(args.carla_root) / 'CarlaUE4.sh'} not found; --carla-root must be a CARLA 0.9.15 install")
+    args.routes = str(routes_path)
     if not Path(args.agent_config).is_file():
         raise RunnerError(f"agent config {args.agent_config} does not exist")
     manifest_path = out / MANIFEST
@@ -211,6 +253,7 @@ def _start(args, shard: Shard, compat: Optional[Path]) -> None:
     shard.log.flush()
     print(f"[shard {shard.index}] port {shard.port} gpu {shard.gpu}: {len(shard.route_ids)} routes"
           f"{' (resuming)' if resume else ''}; log {shard.dir / 'evaluator.log'}", flush=True)
+    shard.connected = False
     shard.proc = subprocess.Popen(cmd, cwd=str(Path(args.bench2drive_root).resolve()), env=evaluator_env(args, shard, compat),
                                   stdout=shard.log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -235,6 +278,76 @@ def _stop_all(shards: list[Shard], grace_s: float) -> None:
             s.proc.wait()
 
 
+def _last_run_log(shard: Shard) -> str:
+    """The evaluator log of the shard's latest start (each start writes a '# <time> <command>' header line)."""
+    path = shard.dir / "evaluator.log"
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    cut = text.rfind("\n# ")
+    return text[cut + 1:] if cut >= 0 else text
+
+
+def diagnose(log_text: str, port: int) -> Optional[tuple[str, bool]]:
+    """One line saying why an evaluator failed, read from its log, and whether a restart can help; None if unknown."""
+    missing = re.search(r"No module named '?([\w.]+)'?", log_text)
+    if missing:
+        return (f"the evaluator cannot import {missing.group(1)!r}: install it for {sys.executable} "
+                f"(requirements-carla.txt holds the modules known to be needed)"), False
+    if "load_world failed" in log_text and "load_world success" not in log_text:
+        return (f"the CARLA server on port {port} is not reachable: the evaluator starts it with "
+                f"$CARLA_ROOT/CarlaUE4.sh (GPU, -RenderOffScreen); the server's own lines are in the log"), False
+    return None
+
+
+def _unreachable(shard: Shard, max_failures: int) -> bool:
+    """While the evaluator connects: True after max_failures 'load_world failed' lines and no success."""
+    if shard.connected:
+        return False
+    text = _last_run_log(shard)
+    shard.connected = "load_world success" in text
+    return not shard.connected and text.count("load_world failed") >= max_failures
+
+
+def _give_up(shard: Shard, why: str) -> None:
+    tail = _last_run_log(shard).strip().splitlines()[-15:]
+    print(f"[shard {shard.index}] gave up {why}; its missing routes score 0. Continue later with --resume. "
+          f"Last log lines:\n  " + "\n  ".join(tail), flush=True)
+
+
+def _after_exit(args, shard: Shard, rc: int, compat: Optional[Path]) -> bool:
+    """Handle an evaluator that exited; True while the shard still runs (restarted)."""
+    shard.history.append(rc)
+    shard.log.close()
+    if shard.done():
+        print(f"[shard {shard.index}] finished (exit {rc})", flush=True)
+        return False
+    reason = diagnose(_last_run_log(shard), shard.port)
+    if reason is not None and not reason[1]:
+        _give_up(shard, f"at once: {reason[0]}")
+        return False
+    if shard.restarts < args.max_restarts:
+        shard.restarts += 1
+        print(f"[shard {shard.index}] stopped with exit {rc} before its routes were done; "
+              f"restart {shard.restarts}/{args.max_restarts} with --resume", flush=True)
+        _start(args, shard, compat)
+        return True
+    _give_up(shard, f"after {shard.restarts} restarts (exit codes {shard.history})")
+    return False
+
+
+def _watch(args, pending: list[Shard], compat: Optional[Path]) -> None:
+    while pending:
+        time.sleep(args.poll_s)
+        for s in list(pending):
+            rc = s.proc.poll()
+            if rc is None and _unreachable(s, args.max_connect_failures):
+                _stop_all([s], args.grace_s)
+                s.log.close()
+                _give_up(s, f"at once: {diagnose(_last_run_log(s), s.port)[0]}")
+                pending.remove(s)
+            elif rc is not None and not _after_exit(args, s, rc, compat):
+                pending.remove(s)
+
+
 def run(args) -> int:
     shards, routes, types = prepare(args)
     compat = write_compat(Path(args.out) / "compat") if (args.compat == "always" or (args.compat == "auto" and _needs_compat())) else None
@@ -249,28 +362,7 @@ def run(args) -> int:
     try:
         for s in pending:
             _start(args, s, compat)
-        while pending:
-            time.sleep(args.poll_s)
-            for s in list(pending):
-                rc = s.proc.poll()
-                if rc is None:
-                    continue
-                s.history.append(rc)
-                s.log.close()
-                if s.done():
-                    print(f"[shard {s.index}] finished (exit {rc})", flush=True)
-                    pending.remove(s)
-                elif s.restarts < args.max_restarts:
-                    s.restarts += 1
-                    print(f"[shard {s.index}] stopped with exit {rc} before its routes were done; "
-                          f"restart {s.restarts}/{args.max_restarts} with --resume", flush=True)
-                    _start(args, s, compat)
-                else:
-                    tail = (s.dir / "evaluator.log").read_text(errors="replace").strip().splitlines()[-15:]
-                    print(f"[shard {s.index}] gave up after {s.restarts} restarts (exit codes {s.history}); "
-                          f"its missing routes score 0. Continue later with --resume. Last log lines:\n  "
-                          + "\n  ".join(tail), flush=True)
-                    pending.remove(s)
+        _watch(args, pending, compat)
     except KeyboardInterrupt:
         print("interrupted: stopping evaluators (their CARLA servers stop with them); continue with --resume", flush=True)
         _stop_all(shards, args.grace_s)
@@ -319,8 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wam-diff-bench2drive", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the leaderboard evaluator with the WAM-Diff agent, then merge and score")
-    r.add_argument("--routes", required=True, help="Bench2Drive route XML (e.g. leaderboard/data/bench2drive220.xml)")
-    r.add_argument("--bench2drive-root", required=True, help="Bench2Drive checkout (leaderboard/, scenario_runner/)")
+    r.add_argument("--bench2drive", "--bench2drive-root", dest="bench2drive_root", required=True,
+                   help="Bench2Drive checkout (leaderboard/, scenario_runner/)")
+    r.add_argument("--routes", default=None, help=f"route XML (default: the checkout's {DEFAULT_ROUTES})")
     r.add_argument("--carla-root", default=os.environ.get("CARLA_ROOT", ""), help="CARLA 0.9.15 install (CarlaUE4.sh)")
     r.add_argument("--out", required=True, help="run directory (shards, checkpoints, agent logs, merged results)")
     r.add_argument("--agent-config", default=str(DEFAULT_CONFIG), help="agent YAML (model, sensors, rates)")
@@ -330,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=600.0, help="CARLA client timeout in the evaluator, seconds")
     r.add_argument("--resume", action="store_true", help="continue the run in --out")
     r.add_argument("--max-restarts", type=int, default=3, help="restarts per shard after a crash")
+    r.add_argument("--max-connect-failures", type=int, default=3,
+                   help="give a shard up after this many failed connections to its CARLA server")
     r.add_argument("--compat", choices=("auto", "always", "never"), default="auto",
                    help="pkg_resources shim for the evaluator's CARLA version check (auto: only when needed)")
     r.add_argument("--evaluator", default="", help=argparse.SUPPRESS)  # tests: a stand-in evaluator script
@@ -344,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 @console_main("wam-diff-bench2drive")
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("--") and argv[0] != "--help":  # `run` is the default sub-command
+        argv.insert(0, "run")
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "run":
