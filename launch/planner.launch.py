@@ -7,7 +7,8 @@
 Parameters come from config/planner.yaml (override with params_file); the launch arguments
 below override single values. The node is configured and activated through its own `autostart`
 parameter, so no lifecycle manager is needed; set autostart:=false to drive it with
-`ros2 lifecycle set /wam_diff/wam_diff_planner configure|activate`.
+`ros2 lifecycle set /wam_diff/wam_diff_planner configure|activate`, or with nav2_lifecycle_manager
+(`bond_timeout: 0.0`: the planner has no bond; docs/ros.md).
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction

@@ -26,8 +26,6 @@ pytest.importorskip("wam_diff_msgs", reason="wam_diff_msgs not built (scripts/in
 from builtin_interfaces.msg import Time  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from geometry_msgs.msg import Point, PointStamped  # noqa: E402
-from lifecycle_msgs.msg import State, Transition  # noqa: E402
-from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 from nav_msgs.msg import Odometry, Path  # noqa: E402
 from rclpy.context import Context  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor  # noqa: E402
@@ -43,6 +41,7 @@ from wam_diff_msgs.srv import AskQuestion  # noqa: E402
 from wam_diff_ros.fake_policy import FakePolicy  # noqa: E402
 from wam_diff_ros.image_conversion import rgb_to_raw  # noqa: E402
 from wam_diff_ros.planner_node import PlannerNode  # noqa: E402
+from wam_diff_ros.topic_qos import COMMAND_QOS  # noqa: E402
 
 # Distinct domain ids per test, offset per process so concurrent runs on one machine rarely meet;
 # every test also lives in its own namespace.
@@ -80,9 +79,9 @@ class Probe:
                                 ("/diagnostics", DiagnosticArray)):
             self.node.create_subscription(msg_type, topic, lambda m, t=topic: self.received[t].append(m), 50)
 
-    def publisher(self, msg_type, topic, reliable=True):
-        qos = QoSProfile(depth=1 if not reliable else 10,
-                         reliability=ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT)
+    def publisher(self, msg_type, topic, reliable=True, qos=None):
+        qos = qos or QoSProfile(depth=1 if not reliable else 10,
+                                reliability=ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT)
         return self.node.create_publisher(msg_type, topic, qos)
 
     def wait_for(self, cond, timeout=TIMEOUT_S, what="condition"):
@@ -132,7 +131,8 @@ class Ros:
 
     def __init__(self, executor=None):
         """`executor(context)` builds the planner nodes' executor (default: the MultiThreadedExecutor of 3 threads
-        that `wam-diff-planner` runs)."""
+        that `wam-diff-planner` runs). `planner(policy, factory=f)`: the policy factory calls f(settings) instead
+        of returning `policy`."""
         self.domain_id = next(_DOMAINS) % 150 + 1
         self.namespace = f"/t{os.getpid()}_{next(_NAMESPACES)}"
         self.context = Context()
@@ -142,7 +142,7 @@ class Ros:
         self.nodes = []
         self.probe = Probe(self.context, self.namespace)
 
-    def planner(self, policy, autostart=True, **params) -> PlannerNode:
+    def planner(self, policy, autostart=True, factory=None, **params) -> PlannerNode:
         params.setdefault("camera_topics", ["camera/image_raw"])
         params.setdefault("warmup", False)
         params.setdefault("diagnostics_period_s", 0.2)
@@ -151,12 +151,12 @@ class Ros:
         overrides = [Parameter(k, value=v) for k, v in params.items()]
         factory_calls = []
 
-        def factory(settings):
+        def record(settings):
             factory_calls.append(settings)
-            return policy
+            return factory(settings) if factory is not None else policy
 
         node = PlannerNode(namespace=self.namespace, context=self.context, parameter_overrides=overrides,
-                           policy_factory=factory)
+                           policy_factory=record)
         node.factory_calls = factory_calls
         self.nodes.append(node)
         if autostart:
@@ -258,9 +258,11 @@ def test_detection_task_publishes_boxes_with_the_image_header_and_markers_follow
     probe.wait_for(lambda: probe.received["detections"] and probe.received["markers"], what="detections + markers")
     dets = probe.received["detections"][0]
     assert _ns(dets.header.stamp) == _ns(_stamp(3.5)) and dets.header.frame_id == "camera_front"
-    assert [d.class_id for d in dets.detections] == ["car"]
+    results = [[(r.hypothesis.class_id, r.hypothesis.score) for r in d.results] for d in dets.detections]
+    assert results == [[("car", 1.0)]]
     box = dets.detections[0].bbox  # fake box (0.25, 0.5)-(0.5, 0.75) of an 80 x 40 image
-    assert (box.center.x, box.center.y, box.size_x, box.size_y) == (30.0, 25.0, 20.0, 10.0)
+    assert (box.center.position.x, box.center.position.y, box.center.theta, box.size_x, box.size_y) == \
+        (30.0, 25.0, 0.0, 20.0, 10.0)
     markers = probe.received["markers"][0].markers
     assert [m.type for m in markers] == [Marker.LINE_STRIP, Marker.SPHERE_LIST]
     assert all(_ns(m.header.stamp) == _ns(_stamp(3.5)) and m.header.frame_id == "base_link" for m in markers)
@@ -289,7 +291,7 @@ def test_navigation_command_topic_sets_the_command_and_an_unknown_one_is_a_diagn
     node = ros.planner(policy)
     probe = ros.probe
     cam = probe.publisher(Image, "camera/image_raw")
-    cmd = probe.publisher(String, "command")
+    cmd = probe.publisher(String, "command", qos=COMMAND_QOS)
     probe.wait_connected(cam, node)
     probe.wait_for(lambda: cmd.get_subscription_count() >= 1, what="command subscriber")
     cmd.publish(String(data="Turn Left"))
@@ -301,6 +303,24 @@ def test_navigation_command_topic_sets_the_command_and_an_unknown_one_is_a_diagn
     probe.wait_for(lambda: probe.trajectories(_ns(_stamp(6.0))), what="plan")
     assert policy.plan_calls[-1]["command"] == "turn left"
     assert probe.trajectories(_ns(_stamp(6.0)))[0].command == "turn left"
+
+
+def test_a_command_published_transient_local_before_the_node_activated_reaches_it_on_activation(ros):
+    node = ros.planner(FakePolicy(), autostart=False)
+    probe = ros.probe
+    cmd = probe.publisher(String, "command", qos=COMMAND_QOS)
+    cmd.publish(String(data="turn right"))  # nobody subscribes yet: the publisher keeps it
+    probe.executor.spin_once(timeout_sec=0.1)
+    assert cmd.get_subscription_count() == 0 and node._command == "follow lane"
+    assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    probe.wait_for(lambda: node._command == "turn right", what="the command published before activation")
+    cam = probe.publisher(Image, "camera/image_raw")
+    probe.wait_connected(cam, node)
+    cam.publish(image_msg(4.0))
+    probe.wait_for(lambda: probe.trajectories(_ns(_stamp(4.0))), what="plan")
+    assert probe.trajectories(_ns(_stamp(4.0)))[0].command == "turn right"
+    assert node.stats.counts["commands_rejected"] == 0
 
 
 def target_msg(sec: float, x: float, y: float, frame_id: str = "base_link") -> PointStamped:
@@ -511,57 +531,6 @@ def test_ask_question_returns_an_answer_and_publishes_driving_answer(ros):
     assert answer.answer == response.answer and _ns(answer.header.stamp) == _ns(_stamp(55.5))
 
 
-def test_lifecycle_transitions_load_and_free_the_model(ros):
-    loaded = []
-
-    class CountingPolicy(FakePolicy):
-        pass
-
-    node = ros.planner(None, autostart=False)
-    node._policy_factory = lambda settings: loaded.append(CountingPolicy()) or loaded[-1]
-    probe = ros.probe
-    fqn = node.get_fully_qualified_name()
-    change = probe.node.create_client(ChangeState, f"{fqn}/change_state")
-    get = probe.node.create_client(GetState, f"{fqn}/get_state")
-    probe.wait_for(lambda: change.service_is_ready() and get.service_is_ready(), what="lifecycle services")
-
-    def transition(tid):
-        fut = change.call_async(ChangeState.Request(transition=Transition(id=tid)))
-        probe.wait_for(fut.done, what=f"transition {tid}")
-        assert fut.result().success, f"transition {tid} failed"
-        fut = get.call_async(GetState.Request())
-        probe.wait_for(fut.done, what="get_state")
-        return fut.result().current_state.id
-
-    assert transition(Transition.TRANSITION_CONFIGURE) == State.PRIMARY_STATE_INACTIVE
-    assert loaded == [] and node.policy is None
-    assert transition(Transition.TRANSITION_ACTIVATE) == State.PRIMARY_STATE_ACTIVE
-    assert len(loaded) == 1 and node.policy is loaded[0] and not loaded[0].closed
-    assert transition(Transition.TRANSITION_DEACTIVATE) == State.PRIMARY_STATE_INACTIVE
-    assert node.policy is None and loaded[0].closed
-    assert transition(Transition.TRANSITION_CLEANUP) == State.PRIMARY_STATE_UNCONFIGURED
-    assert transition(Transition.TRANSITION_CONFIGURE) == State.PRIMARY_STATE_INACTIVE
-    assert transition(Transition.TRANSITION_ACTIVATE) == State.PRIMARY_STATE_ACTIVE
-    assert len(loaded) == 2 and node.policy is loaded[1]
-    assert transition(Transition.TRANSITION_ACTIVE_SHUTDOWN) == State.PRIMARY_STATE_FINALIZED
-    assert node.policy is None and loaded[1].closed
-
-
-def test_an_unknown_commit_schedule_fails_configure_naming_it(ros):
-    node = ros.planner(None, autostart=False, commit_schedule="zigzag")
-    with pytest.raises(ValueError, match="commit_schedule must be one of \\['linear', 'cosine'\\].*'zigzag'"):
-        node._read_parameters()
-    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
-    assert node.policy is None
-
-
-def test_a_bad_forward_only_fails_configure_naming_it(ros):
-    node = ros.planner(None, autostart=False, forward_only="yes")
-    with pytest.raises(ValueError, match="forward_only must be 'on', 'off' or ''.*'yes'"):
-        node._read_parameters()
-    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
-
-
 @pytest.mark.parametrize("model", ["fake", "nano"])
 def test_sigint_shuts_the_node_down_within_2_s_even_while_planning(ros, model):
     """The node runs as its own process (the console-script entry point); SIGINT arrives while the
@@ -585,14 +554,15 @@ def test_sigint_shuts_the_node_down_within_2_s_even_while_planning(ros, model):
     try:
         probe.wait_for(lambda: cam.get_subscription_count() >= 1 and traj_sub.get_publisher_count() >= 1,
                        timeout=120, what="planner active")
-        # the frame is re-sent every 0.5 s until a plan comes: subscriptions exist from configure, and a frame
-        # that arrives before activation (or before the reliable writer is matched both ways) is not planned
-        sent_at = [0.0]
+        # a frame is sent every 0.5 s until a plan comes (one that arrives before activation, or before the
+        # reliable writer is matched both ways, is not planned), each with a fresh stamp: the node rightly
+        # ignores a frame stamped like one it has already used
+        sent = []
 
         def first_plan():
-            if not got and time.monotonic() - sent_at[0] > 0.5:
-                cam.publish(image_msg(1.0, h=96, w=128))
-                sent_at[0] = time.monotonic()
+            if not got and (not sent or time.monotonic() - sent[-1] > 0.5):
+                cam.publish(image_msg(1.0 + 0.01 * len(sent), h=96, w=128))
+                sent.append(time.monotonic())
             return bool(got)
 
         probe.wait_for(first_plan, timeout=120, what="first plan")
@@ -693,10 +663,3 @@ def test_nano_model_end_to_end_image_in_trajectory_and_answer_out(ros):
     assert _ns(future.result().stamp) == _ns(_stamp(77.25))
     node.trigger_deactivate()
     assert node.policy is None
-
-
-def test_unknown_text_layers_fail_configure_naming_them(ros):
-    node = ros.planner(None, autostart=False, text_layers="fused")
-    with pytest.raises(ValueError, match="text_layers must be one of \\['model', 'fast', 'compiled'\\].*'fused'"):
-        node._read_parameters()
-    assert node.trigger_configure() == TransitionCallbackReturn.FAILURE

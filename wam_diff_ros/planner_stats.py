@@ -33,6 +33,7 @@ class PlannerStats:
             self.policy_s: deque[float] = deque(maxlen=self._window)    # policy.plan() wall time
             self.stamp_age_s: deque[float] = deque(maxlen=self._window)  # clock now - input stamp at publish
             self.last_error = ""
+            self.last_error_kind = ""  # what failed: "image", "odometry", "plan", ... (planner_diagnostics.py)
             self.last_error_wall: Optional[float] = None
             self.last_ok_wall: Optional[float] = None
 
@@ -44,10 +45,18 @@ class PlannerStats:
         with self._lock:
             self.counts[name] = value
 
-    def error(self, text: str) -> None:
+    def error(self, text: str, kind: str = "") -> None:
         with self._lock:
             self.last_error = text
+            self.last_error_kind = kind
             self.last_error_wall = time.time()
+
+    def clear_error(self) -> None:
+        """Forget the last error (a transition that succeeded after a failed one): the status is no longer ERROR."""
+        with self._lock:
+            self.last_error = ""
+            self.last_error_kind = ""
+            self.last_error_wall = None
 
     def plan_done(self, latency_s: float, policy_s: float, stamp_age_s: float, valid: bool) -> None:
         with self._lock:
@@ -78,6 +87,7 @@ class PlannerStats:
                 values[f"{label}_max_ms"] = _percentile_ms(series, 100)
             values["latency_window"] = str(len(self.latency_s))
             values["last_error"] = self.last_error
+            values["last_error_kind"] = self.last_error_kind
             return values
 
 

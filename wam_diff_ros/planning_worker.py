@@ -34,10 +34,21 @@ class PlanningWorker:
         self._questions: deque[tuple[str, Future]] = deque()
         self._running = False
         self._busy = False
-        self._next_plan_at = 0.0
+        self._last_plan_at = -float("inf")
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.dropped = 0
         self.planned = 0
+
+    @property
+    def min_period_s(self) -> float:
+        return self._min_period_s
+
+    @min_period_s.setter
+    def min_period_s(self, value: float) -> None:
+        """Change the plan period while running (the planner's runtime rate_hz); the next plan waits for it."""
+        with self._cond:
+            self._min_period_s = max(0.0, float(value))
+            self._cond.notify()
 
     def start(self) -> None:
         with self._cond:
@@ -97,7 +108,7 @@ class PlanningWorker:
                     self._busy = True
                     return ("ask",) + self._questions.popleft()
                 if self._pending is not None:
-                    wait_s = self._next_plan_at - time.monotonic()
+                    wait_s = self._last_plan_at + self._min_period_s - time.monotonic()
                     if wait_s <= 0:
                         item, self._pending = self._pending, None
                         self._busy = True
@@ -120,7 +131,7 @@ class PlanningWorker:
                         except BaseException as exc:  # noqa: BLE001 - handed to the caller
                             future.set_exception(exc)
                 else:
-                    self._next_plan_at = time.monotonic() + self._min_period_s
+                    self._last_plan_at = time.monotonic()
                     try:
                         self._plan_fn(job[1])
                     finally:
