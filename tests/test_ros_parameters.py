@@ -164,7 +164,7 @@ def test_descriptors_carry_type_range_and_read_only(ros):
     ("rate_hz", -5.0, "^Parameter rate_hz out of range Min: 0.0, Max: 1000.0, value: -5.0$"),
     ("block_size", -1, "^Parameter block_size out of range"),
     ("rate_hz", "fast", "^Trying to set parameter 'rate_hz' to 'fast' of type 'STRING', expecting type 'DOUBLE'$"),
-])
+], ids=["rate_hz_negative", "block_size_negative", "rate_hz_string"])
 def test_a_bad_value_at_start_is_one_error_naming_the_parameter(ros, name, value, message):
     with pytest.raises(ParameterError, match=message):
         PlannerNode(namespace=ros.namespace, context=ros.context, parameter_overrides=[Parameter(name, value=value)])
@@ -178,7 +178,7 @@ def test_a_bad_value_at_start_is_one_error_naming_the_parameter(ros, name, value
      "attention_backend must be one of ['sdpa', 'flex', 'flashinfer'], got 'xformers'"),
     ("camera_topics", ["/a b"], "camera_topics must be a topic name, got '/a b'"),
     ("default_command", "fly", "default_command: unknown navigation command 'fly'"),
-])
+], ids=["commit_schedule", "forward_only", "text_layers", "attention_backend", "camera_topics", "default_command"])
 def test_a_bad_choice_fails_configure_through_the_service_with_one_log_line_naming_it(ros, name, value, message):
     values = {n: spec.default for n, spec in PARAMETERS.items()}
     with pytest.raises(ParameterError) as caught:
