@@ -156,7 +156,8 @@ for kind, name in interfaces:
 rclpy.init()
 node = rclpy.create_node("colcon_probe")
 deadline, info = time.monotonic() + 60.0, []
-while not info and time.monotonic() < deadline:
+# an endpoint can be seen before its node's name ("_NODE_NAME_UNKNOWN_"): wait for both
+while not (info and "_NODE_NAME_UNKNOWN_" not in {i.node_name for i in info}) and time.monotonic() < deadline:
     rclpy.spin_once(node, timeout_sec=0.2)
     info = node.get_publishers_info_by_topic(topic)
 print(json.dumps({"msgs": wam_diff_msgs.__file__, "ros": wam_diff_ros.__file__, "interfaces": len(interfaces),
