@@ -20,7 +20,9 @@ from .constants import TASKS
 from .decoding.block_diffusion import generate
 from .decoding.config import DecoderConfig, resolve_decoding
 from .decoding.constraint import planning_constraint
+from .errors import WamDiffError
 from .model.checkpoint import LoadedModel, load
+from .model.precision import parse_dtype
 from .model.processor import check_image
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
@@ -45,6 +47,28 @@ def with_budget(config: DecoderConfig, tasks: Sequence[str]) -> DecoderConfig:
     return replace(config, max_new_tokens=config.max_new_tokens or max(TASK_BUDGET[t] for t in tasks))
 
 
+class PolicySettingsError(WamDiffError, ValueError):
+    """A setting this machine or the model's device cannot honour (CUDA graphs off CUDA, a missing backend)."""
+
+
+def check_device_settings(device: str | torch.device, config: DecoderConfig) -> None:
+    """Raise PolicySettingsError (one line) when `device` cannot run `config`: a CUDA device on a machine without
+    CUDA, CUDA graphs on a device that is not CUDA (no fallback: a captured path asked for is never replaced by the
+    eager one unnoticed), or the FlashInfer backend without what it needs."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PolicySettingsError(f"device {str(device)!r}: CUDA is not available on this machine; expected cpu")
+    if config.cuda_graphs and device.type != "cuda":
+        raise PolicySettingsError(f"cuda_graphs=True needs a CUDA device, the model is on {device}: set the device "
+                                  f"to cuda, or cuda_graphs off")
+    if config.backend == "flashinfer":
+        from .extensions import attention_backend
+
+        missing = attention_backend("flashinfer").missing()
+        if missing:
+            raise PolicySettingsError("backend 'flashinfer' needs " + " and ".join(missing))
+
+
 def _check_images(images) -> list[np.ndarray]:
     if isinstance(images, np.ndarray):
         images = [images]
@@ -65,24 +89,22 @@ class DrivingPolicy:
         self.tasks = check_tasks(tasks)
         self.loaded = loaded
         device = next(loaded.model.parameters()).device
-        if self.config.cuda_graphs and device.type != "cuda":
-            raise ValueError(f"cuda_graphs=True needs a CUDA device, the model is on {device}")
-        if self.config.backend == "flashinfer":
-            from .extensions import attention_backend
-
-            missing = attention_backend("flashinfer").missing()
-            if missing:
-                raise ValueError("backend 'flashinfer' needs " + " and ".join(missing))
+        check_device_settings(device, self.config)
         self.device = device
         self.runner = ModelRunner(loaded.model, self.config.backend)
 
     @classmethod
     def load(cls, model: str, device: str = "cpu", tasks: Sequence[str] = ("planning",),
-             **decoding) -> "DrivingPolicy":
+             dtype: str | torch.dtype | None = None, **decoding) -> "DrivingPolicy":
         """A preset name ("nano"), a local checkpoint directory or the shipped model's name (`model.shipped.resolve_model`),
-        decoding with the checkpoint's own settings (its wam_diff.json) and `decoding` (DecoderConfig fields;
-        None = unset, the checkpoint's) on top (`resolve_decoding`)."""
-        loaded = load(model, device=device)
+        its weights in `dtype` ("float32", "bfloat16", "float16"; None: the checkpoint's own on a GPU, float32 on a
+        CPU, `model.precision`), decoding with the checkpoint's own settings (its wam_diff.json) and `decoding`
+        (DecoderConfig fields; None = unset, the checkpoint's) on top (`resolve_decoding`). Settings are checked
+        before the weights load."""
+        parse_dtype(dtype)
+        check_tasks(tasks)
+        check_device_settings(device, resolve_decoding(DecoderConfig(), **decoding))
+        loaded = load(model, device=device, dtype=dtype)
         return cls(loaded, resolve_decoding(loaded.settings.decoding, **decoding), tasks)
 
     @property
@@ -174,4 +196,4 @@ class DrivingPolicy:
             torch.cuda.empty_cache()
 
 
-__all__ = ["DrivingPolicy", "POLICY_TASKS", "TASK_BUDGET", "TASKS", "check_tasks", "with_budget"]
+__all__ = ["DrivingPolicy", "POLICY_TASKS", "PolicySettingsError", "check_device_settings", "TASK_BUDGET", "TASKS", "check_tasks", "with_budget"]

@@ -1,10 +1,11 @@
 """The command-line options of every command that runs a learned policy (`wam-diff decode`, `demo`, `drive`,
-`dagger`, `sensitivity`): --device and the decoding settings.
+`dagger`, `sensitivity`): --device, --dtype and the decoding settings.
 
 Every decoding option defaults to None, "unset": the checkpoint's own (the "decoding" section of its
 wam_diff.json), or for what a checkpoint does not state (budget, backend, CUDA graphs, text layers, envelope)
-the DecoderConfig default. `decoding_arguments(args)` gives the options that were set, as DecoderConfig
-fields for `resolve_decoding` / `DrivingPolicy.load`.
+the DecoderConfig default. --dtype unset: the checkpoint's own on a GPU, float32 on a CPU. `decoding_arguments(args)`
+gives the options that were set as `DrivingPolicy.load` keywords: DecoderConfig fields (`resolve_decoding`), and
+`dtype` when given.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import argparse
 from typing import Any
 
 from ..constants import ATTENTION_BACKENDS, SCHEDULES, STRATEGIES, TEXT_LAYERS
+from ..model.precision import DTYPES
 
 ON_OFF = ("on", "off")
 # the options' dests are DecoderConfig fields: these are given as on / off, the others taken as they are
@@ -20,8 +22,10 @@ _VALUES = ("block_size", "steps", "strategy", "threshold", "schedule", "max_new_
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, and the decoding options (each unset by default: the checkpoint's own)."""
+    """--device, --dtype, and the decoding options (each unset by default: the checkpoint's own)."""
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N (default: cpu)")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="weights' dtype (default: the checkpoint's own on a GPU, float32 on a CPU)")
     g = parser.add_argument_group("decoding", "default: the checkpoint's own (its wam_diff.json)")
     g.add_argument("--block-size", type=int, default=None, help="B: tokens denoised in parallel (1 = autoregressive)")
     g.add_argument("--steps", type=int, default=None, help="K: denoising steps per block (at most B; B = 1 takes one)")
@@ -46,7 +50,10 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def decoding_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """The decoding options given on the command line, as DecoderConfig fields (unset ones left out)."""
+    """The options given on the command line as `DrivingPolicy.load` keywords: DecoderConfig fields, and `dtype`
+    (unset ones left out)."""
     out = {k: getattr(args, k) for k in _VALUES if getattr(args, k) is not None}
     out.update({k: getattr(args, k) == "on" for k in _SWITCHES if getattr(args, k) is not None})
+    if getattr(args, "dtype", None) is not None:
+        out["dtype"] = args.dtype
     return out

@@ -4,6 +4,12 @@ Loading is from a local path only (`local_files_only`), safetensors only (a pick
 refused, never unpickled), never remote code (an `auto_map` naming code to import is refused), and
 only files inside the directory (a weight map naming a file elsewhere is refused). A missing or
 corrupt file raises an error that names the file.
+
+Layouts: whatever transformers 4.5x and 5.x write with `save_pretrained`: one `model.safetensors` or shards
+named by `model.safetensors.index.json`; the image processor in `preprocessor_config.json` (4.5x, and this
+project's own save) or as the "image_processor" section of `processor_config.json` (5.x, which writes no
+`preprocessor_config.json`); config.json stating its dtype as "dtype" or (before 4.56) "torch_dtype".
+Weights load in the dtype asked for, else the checkpoint's own on a GPU and float32 on a CPU (`precision`).
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from ..constants import EOS_TOKEN, IMAGE_PAD_TOKEN, PAD_TOKEN, VIDEO_PAD_TOKEN, 
 from ..errors import WamDiffError
 from .atomic import atomic_directory
 from .presets import QWEN_SPECIAL_IDS, PresetError, build_config, get_preset, preset_names
-from .processor import IMAGE_PROCESSOR_FILE, VLProcessor
+from .precision import parse_dtype, resolve_dtype, stored_dtype
+from .processor import IMAGE_PROCESSOR_FILE, PROCESSOR_FILE, VLProcessor
 from .settings import WamDiffSettings
 from .shipped import resolve_model
 from .tokenizer import nano_image_processor, train_nano_tokenizer
@@ -123,9 +130,27 @@ def _refuse_remote_code(path: Path) -> None:
                                       f"checkpoints never run their own code here: remove the key")
 
 
-def check_checkpoint(path: str | Path) -> Path:
-    """Validate a checkpoint directory's files before loading; returns the path."""
-    path = Path(path)
+def image_processor_file(path: Path) -> Path:
+    """The file holding the image processor's settings, looked up as transformers does: the "image_processor"
+    section of `processor_config.json` (transformers 5 writes it so), else `preprocessor_config.json` (4.5x)."""
+    nested = path / PROCESSOR_FILE
+    if nested.is_file():
+        data = _read_json(nested)
+        section = data.get("image_processor") if isinstance(data, dict) else None
+        if isinstance(section, dict):
+            return nested
+        if section is not None:
+            raise CheckpointError(f"corrupt checkpoint file {nested}: 'image_processor' is {section!r}, expected a "
+                                  f"mapping of image processor settings")
+    if not (path / IMAGE_PROCESSOR_FILE).is_file():
+        raise CheckpointError(f"missing checkpoint file: {path / IMAGE_PROCESSOR_FILE} (or {PROCESSOR_FILE} with "
+                              f"an 'image_processor' section, as transformers 5 writes it)")
+    _read_json(path / IMAGE_PROCESSOR_FILE)
+    return path / IMAGE_PROCESSOR_FILE
+
+
+def _checked_files(path: Path) -> list[Path]:
+    """Validate a checkpoint directory's files before loading; returns its weight files."""
     if not path.is_dir():
         raise CheckpointError(_not_found(path))
     _refuse_remote_code(path)
@@ -133,31 +158,40 @@ def check_checkpoint(path: str | Path) -> Path:
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type not in ("qwen3_vl",):
         raise CheckpointError(f"{path / 'config.json'}: model_type {model_type!r}, expected 'qwen3_vl'")
-    _weight_files(path)
+    files = _weight_files(path)
     for name in TOKENIZER_FILES:
         if not (path / name).is_file():
             raise CheckpointError(f"missing checkpoint file: {path / name}")
-    _read_json(path / IMAGE_PROCESSOR_FILE)
+    image_processor_file(path)
     if (path / WAM_DIFF_CONFIG_NAME).exists():
         _read_json(path / WAM_DIFF_CONFIG_NAME)
-    return path
+    return files
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> LoadedModel:
+def check_checkpoint(path: str | Path) -> Path:
+    """Validate a checkpoint directory's files before loading; returns the path."""
+    _checked_files(Path(path))
+    return Path(path)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+               ) -> LoadedModel:
     """Load a local Qwen3-VL checkpoint (HF directory, safetensors) with its processor and diffusion settings.
 
+    `dtype`: a `precision.DTYPES` name or torch dtype; None: the checkpoint's own on a GPU, float32 on a CPU.
     A checkpoint without `wam_diff.json` is a stock autoregressive model: trained block size 1 (and
     decoded at B = 1 by default), mask token added to its tokenizer.
     """
-    path = check_checkpoint(path)
+    parse_dtype(dtype)  # a bad name is reported before any file is read
+    path = Path(path)
+    dtype = resolve_dtype(dtype, device, stored_dtype(path, _checked_files(path)))
     try:
         processor = VLProcessor.from_pretrained(path)
     except Exception as exc:
         raise CheckpointError(f"cannot load tokenizer / image processor from {path}: {exc}") from exc
     try:
         model = Qwen3VLForConditionalGeneration.from_pretrained(
-            str(path), local_files_only=True, use_safetensors=True, trust_remote_code=False,
-            dtype=dtype or torch.float32,
+            str(path), local_files_only=True, use_safetensors=True, trust_remote_code=False, dtype=dtype,
         )
     except Exception as exc:
         raise CheckpointError(f"cannot load weights from {path}: {exc}") from exc
@@ -202,7 +236,7 @@ def save_model(loaded: LoadedModel, path: str | Path, state_dict: Optional[dict]
     return Path(path)
 
 
-def build_preset(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+def build_preset(name: str, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
                  seed: int = 0) -> LoadedModel:
     """A preset architecture with random weights (seeded). `nano` comes with its own trained tokenizer
     and image processor; the real architectures have none (speed measurement only)."""
@@ -222,7 +256,7 @@ def build_preset(name: str, device: str | torch.device = "cpu", dtype: torch.dty
     else:
         processor, ids, mask_id = None, dict(QWEN_SPECIAL_IDS), QWEN_MASK_TOKEN_ID
     config: Qwen3VLConfig = build_config(preset, ids)
-    dtype = dtype or torch.float32
+    dtype = resolve_dtype(dtype, "cpu")  # random weights have no dtype of their own: float32 unless asked
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3VLForConditionalGeneration._from_config(config, dtype=dtype)
@@ -231,8 +265,9 @@ def build_preset(name: str, device: str | torch.device = "cpu", dtype: torch.dty
     return LoadedModel(model, processor, settings, name=name)
 
 
-def load(model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> LoadedModel:
-    """A local checkpoint directory, a preset name, or the shipped model's name (`resolve_model`)."""
+def load(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> LoadedModel:
+    """A local checkpoint directory, a preset name, or the shipped model's name (`resolve_model`); `dtype` as
+    `load_model`'s (a preset: float32 unless asked)."""
     model = resolve_model(str(model))
     if Path(model).is_dir():
         return load_model(model, device=device, dtype=dtype)

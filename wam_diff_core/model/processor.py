@@ -17,7 +17,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from ..constants import IMAGE_PAD_TOKEN, MASK_TOKEN
 
-IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
+IMAGE_PROCESSOR_FILE = "preprocessor_config.json"  # the image processor's own file (transformers 4.5x, this project)
+PROCESSOR_FILE = "processor_config.json"  # transformers 5: the image processor is its "image_processor" section
 
 
 @dataclass
@@ -80,6 +81,7 @@ class VLProcessor:
     def from_pretrained(cls, path: str | Path) -> "VLProcessor":
         path = Path(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        # reads processor_config.json's "image_processor" section when there is one, else preprocessor_config.json
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
         return cls(tokenizer, image_processor)
 

@@ -95,7 +95,8 @@ class WamDiffAgent(AutonomousAgent):
         if policy is None:
             from wam_diff_core.policy import DrivingPolicy
 
-            policy = DrivingPolicy.load(self.config.model, device=self.config.device, **self.config.decoding)
+            policy = DrivingPolicy.load(self.config.model, device=self.config.device, dtype=self.config.dtype,
+                                        **self.config.decoding)
         self.policy = policy
         self.controller = Controller(self.config.controller)
         self.stats = Counter(ticks=0, plans=0, valid_plans=0, invalid_plans=0, late_plans=0, brake_ticks=0)

@@ -16,6 +16,7 @@ from wam_diff_core.constants import SHIPPED_MODEL
 from wam_diff_core.control import ControllerConfig
 from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
 from wam_diff_core.errors import WamDiffError
+from wam_diff_core.model.precision import DTYPES
 from wam_diff_core.plain_yaml import yaml_problem
 
 from .gnss_filter import GnssFilterConfig
@@ -92,6 +93,7 @@ def _dataclass_from(cls, values: Any, source: str, name: str):
 class AgentConfig:
     model: str = SHIPPED_MODEL                        # the shipped model's name, a preset or a checkpoint directory
     device: str = "cpu"
+    dtype: Optional[str] = None                       # float32 | bfloat16 | float16; None: the checkpoint's own on a GPU
     decoding: dict = field(default_factory=dict)     # DecoderConfig fields on the checkpoint's own (resolve_decoding)
     sim_hz: float = 20.0
     plan_hz: float = 2.0
@@ -138,6 +140,9 @@ class AgentConfig:
                 raise AgentConfigError(f"{source}: image_size must be [width, height] positive integers, got {size!r}")
             d["image_size"] = (int(size[0]), int(size[1]))
         d["decoding"] = _check_decoding(d.get("decoding"), source)
+        if d.get("dtype") is not None and d["dtype"] not in DTYPES:
+            raise AgentConfigError(f"{source}: dtype {d['dtype']!r}: expected one of {', '.join(DTYPES)} or null (the "
+                                   f"checkpoint's own on a GPU, float32 on a CPU)")
         cfg = cls(**d, source=source)
         cfg._check()
         return cfg
