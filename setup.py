@@ -20,6 +20,8 @@ setup(
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
         (f"share/{PACKAGE}/config", glob("config/*.yaml")),
+        # the shipped checkpoints, found by name from an install prefix (wam_diff_core/model/shipped.py)
+        *[(f"share/{PACKAGE}/{d}", sorted(glob(f"{d}/*"))) for d in sorted(glob("models/*/"))],
     ],
     python_requires=">=3.11",  # the pinned transformers needs it
     install_requires=["setuptools"],

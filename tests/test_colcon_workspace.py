@@ -25,8 +25,8 @@ VENV = ROOT / ".venv"
 PACKAGE = "wam_diff_ros"
 MSGS = "wam_diff_msgs"
 OWN_PACKAGES = {"wam_diff_core", "wam_diff_kernels", "wam_diff_training", "wam_diff_ros"}
-# top-level folders the build does not need (checkpoints, result files) and would only copy slowly
-NOT_COPIED = ("models/", "results/")
+# top-level folders the build does not need (result files) and would only copy slowly
+NOT_COPIED = ("results/",)
 # Python modules the nodes import -> their rosdep keys
 ROSDEP_KEYS = {"numpy": "python3-numpy", "PIL": "python3-pil", "yaml": "python3-yaml", "tqdm": "python3-tqdm"}
 
@@ -148,6 +148,7 @@ import importlib, json, sys, time
 import rclpy
 from rclpy.serialization import serialize_message
 import wam_diff_msgs, wam_diff_ros
+from wam_diff_core.model.shipped import resolve_model
 interfaces, topic = json.loads(sys.argv[1]), sys.argv[2]
 for kind, name in interfaces:
     cls = getattr(importlib.import_module(f"wam_diff_msgs.{kind}"), name)
@@ -161,6 +162,7 @@ while not (info and "_NODE_NAME_UNKNOWN_" not in {i.node_name for i in info}) an
     rclpy.spin_once(node, timeout_sec=0.2)
     info = node.get_publishers_info_by_topic(topic)
 print(json.dumps({"msgs": wam_diff_msgs.__file__, "ros": wam_diff_ros.__file__, "interfaces": len(interfaces),
+                  "shipped_model": resolve_model("nano-s-b32"),
                   "publishers": [(i.node_name, i.topic_type) for i in info]}))
 """
 
@@ -189,6 +191,9 @@ def _check_install_space(install: Path) -> Path:
         installed = sorted(p.name for p in (share / folder).iterdir())
         assert installed == sorted(p.name for p in (ROOT / folder).glob(pattern)), folder
     assert sorted(p.name for p in (install / PACKAGE / "lib" / PACKAGE).iterdir()) == _console_scripts()
+    for model in (ROOT / "models").iterdir():  # the shipped checkpoints, file for file
+        assert sorted(p.name for p in (share / "models" / model.name).iterdir()) == sorted(
+            p.name for p in model.iterdir()), model.name
     return site
 
 
@@ -243,6 +248,7 @@ def test_colcon_builds_msgs_then_ros_and_the_install_space_runs_the_planner(tmp_
     seen = json.loads(probe.stdout.strip().splitlines()[-1])
     assert Path(seen["msgs"]).is_relative_to(install / MSGS), seen
     assert Path(seen["ros"]).is_relative_to(site), seen
+    assert Path(seen["shipped_model"]) == install / PACKAGE / "share" / PACKAGE / "models" / "nano-s-b32", seen
     assert seen["interfaces"] == len(interfaces) >= 6
     assert seen["publishers"] == [["wam_diff_planner", "wam_diff_msgs/msg/Trajectory"]], (seen, log)
     assert rc == 0, log

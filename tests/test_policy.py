@@ -110,16 +110,24 @@ def test_an_unset_token_budget_is_the_tasks_own(policy, nano, monkeypatch, camer
     assert budgets == [128, 192, 64, 24]
 
 
-def test_the_shipped_models_name_loads_its_directory_or_warns_and_takes_nano(monkeypatch, tmp_path, capsys):
+def test_the_shipped_models_name_loads_its_directory_or_an_install_prefixs_or_fails_in_one_line(
+        monkeypatch, tmp_path):
+    from wam_diff_core.errors import WamDiffError
     from wam_diff_core.model import shipped as policy_mod
 
     assert policy_mod.resolve_model("nano-s-b32") == str(policy_mod.SHIPPED_MODEL_DIR)
     assert policy_mod.SHIPPED_MODEL_DIR.is_dir()
     assert policy_mod.resolve_model("nano") == "nano"
     monkeypatch.setattr(policy_mod, "SHIPPED_MODEL_DIR", tmp_path / "absent")
-    assert policy_mod.resolve_model("nano-s-b32") == "nano"
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "nano-s-b32" in err and "'nano'" in err
+    monkeypatch.setattr(policy_mod.sys, "prefix", str(tmp_path / "prefix"))
+    installed = tmp_path / "ws" / "install" / "wam_diff_ros"
+    monkeypatch.setenv("AMENT_PREFIX_PATH", f"{tmp_path / 'other'}:{installed}")
+    with pytest.raises(WamDiffError) as err:
+        policy_mod.resolve_model("nano-s-b32")
+    message = str(err.value)
+    assert "\n" not in message and "nano-s-b32" in message and message.count(str(tmp_path)) == 4
+    (installed / "share" / "wam_diff_ros" / "models" / "nano-s-b32").mkdir(parents=True)
+    assert policy_mod.resolve_model("nano-s-b32") == str(installed / "share" / "wam_diff_ros" / "models" / "nano-s-b32")
 
 
 def test_plan_parses_a_well_formed_answer_into_the_trajectory_and_boxes(policy, camera_image, monkeypatch):
