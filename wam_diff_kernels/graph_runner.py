@@ -11,6 +11,10 @@ logit for the next block's first token (shifted alignment). Differences from the
 which changes a token:
 - always exactly K steps per block (the dynamic strategy's early exit needs a host sync); once a
   block is full the remaining steps commit nothing;
+- the kinematic envelope reads the answer so far from a static buffer (the finished blocks, then the
+  block being denoised) and masks with the block's start as a device tensor
+  (`KinematicEnvelope.apply_at`), so one graph serves every block and the logits are the eager
+  path's, bit for bit;
 - attention spans the whole static row under a per-query key limit (SDPA), or the planned FlashInfer
   kernel (`attention="flashinfer"`), instead of the cache's committed prefix;
 - the only host synchronisation per block is the EOS check (none with `ignore_eos`).
@@ -36,6 +40,7 @@ import torch
 from wam_diff_core.decoding.block_diffusion import generate as generate_eager
 from wam_diff_core.decoding.config import DecoderConfig, step_count
 from wam_diff_core.decoding.constraint import TokenConstraint
+from wam_diff_core.decoding.envelope import ANSWER_CHARS, KinematicEnvelope
 from wam_diff_core.decoding.result import DecodeResult, PhaseClock, decode_result
 from wam_diff_core.model.processor import PromptBatch
 from wam_diff_core.model.runner import ModelRunner
@@ -62,6 +67,8 @@ class Bucket:
     constrained: bool = False  # logits masked per position (the trajectory grammar) before each commit
     ordered: bool = False  # commits follow the grammar's chains (number order)
     schedule: str = "linear"  # commits per step (remasking.masked_after)
+    enveloped: bool = False  # planning rows masked to the kinematic envelope (decoding.envelope)
+    forward_only: bool = False  # ... with its forward-only bound
 
 
 class BlockState:
@@ -86,6 +93,28 @@ class BlockState:
         self.banned = torch.zeros((b, B, weight.shape[0]), dtype=torch.bool, device=dev) if bucket.constrained else None
         # block position where each position's chain starts, refreshed in place before every block
         self.chains = self.offsets.repeat(b, 1) if bucket.ordered else None
+        self.envelope = _envelope_buffers(b, weight.shape[0], dev, bucket.forward_only) if bucket.enveloped else None
+        self.start = torch.zeros((), dtype=torch.long, device=dev)  # the block's first answer position
+        # the answer's first ANSWER_CHARS tokens so far (-1: not decoded yet), a last column taking what falls past
+        self.answer = torch.full((b, ANSWER_CHARS + 1), -1, dtype=torch.long, device=dev) if bucket.enveloped else None
+
+    def load_envelope(self, envelope: KinematicEnvelope) -> None:
+        """Copy a request's envelope (ego velocities, active rows, token tables) into the bucket's buffers."""
+        for name in ("velocity", "active", "codes", "digit_ids", "sign_ids"):
+            getattr(self.envelope, name).copy_(getattr(envelope, name))
+        self.answer.fill_(-1)
+
+    def answer_with(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """(batch, ANSWER_CHARS): the finished blocks' tokens with the block `x` at its positions `index`."""
+        return self.answer.scatter(1, index, x)[:, :ANSWER_CHARS]
+
+
+def _envelope_buffers(batch: int, vocab: int, device, forward_only: bool) -> KinematicEnvelope:
+    return KinematicEnvelope(torch.zeros((batch, 2), dtype=torch.float32, device=device),
+                             torch.zeros(batch, dtype=torch.bool, device=device),
+                             torch.full((vocab,), -1, dtype=torch.long, device=device),
+                             torch.zeros(10, dtype=torch.long, device=device),
+                             torch.zeros(2, dtype=torch.long, device=device), forward_only)
 
 
 def forward_static(runner: ModelRunner, tokens: torch.Tensor, rope, cache: StaticKVCache,
@@ -115,6 +144,7 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
     st.masked.fill_(True)
     st.probs.zero_()
     rope = runner.rope(st.pos)
+    index = (st.start + st.offsets).clamp(max=ANSWER_CHARS).expand_as(st.x)  # the block's answer positions
     for s in range(K):
         if fused and s == 0:
             tokens = torch.cat([st.pend, st.x], 1)
@@ -128,6 +158,8 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
         logits = block_logits(st.prev_logits, runner.logits(h[:, : B - 1]))
         if st.banned is not None:
             logits = logits.masked_fill(st.banned, float("-inf"))
+        if st.envelope is not None:
+            logits = st.envelope.apply_at(logits, st.start, st.answer_with(st.x, index))
         x, masked, probs = remask_step(logits, st.x, st.masked, bucket.strategy, bucket.threshold, K, s,
                                        bucket.temperature, generator, st.chains, bucket.schedule, exclude=mask_id,
                                        probs=st.probs)
@@ -136,6 +168,8 @@ def run_block(runner: ModelRunner, st: BlockState, bucket: Bucket, mask_id: int,
         st.probs.copy_(probs)
     st.pend.copy_(st.x)
     st.pend_pos.copy_(st.pos)
+    if st.answer is not None:
+        st.answer.scatter_(1, index, st.x)
 
 
 class _BucketRun:
@@ -225,18 +259,20 @@ class GraphRunner:
         self.replays = 0
 
     def bucket_for(self, batch: int, cfg: DecoderConfig, need: int, constrained: bool = False,
-                   ordered: bool = False) -> _BucketRun:
+                   ordered: bool = False, enveloped: bool = False) -> _BucketRun:
         K = step_count(cfg.block_size, cfg.steps)
+        forward_only = enveloped and cfg.forward_only
         want = (batch, cfg.block_size, K, cfg.strategy, cfg.threshold, cfg.temperature, constrained, ordered,
-                cfg.schedule)
+                cfg.schedule, enveloped, forward_only)
         same = [r for key, r in self.buckets.items()
                 if (key.batch, key.block_size, key.steps, key.strategy, key.threshold, key.temperature,
-                    key.constrained, key.ordered, key.schedule) == want and key.capacity >= need]
+                    key.constrained, key.ordered, key.schedule, key.enveloped, key.forward_only) == want
+                and key.capacity >= need]
         if same:
             return min(same, key=lambda r: r.bucket.capacity)
         capacity = -(-need // CAPACITY_ROUND) * CAPACITY_ROUND
         bucket = Bucket(batch, cfg.block_size, K, capacity, cfg.strategy, cfg.threshold, cfg.temperature, constrained,
-                        ordered, cfg.schedule)
+                        ordered, cfg.schedule, enveloped, forward_only)
         if self.cuda_graphs and cfg.temperature > 0:
             raise ValueError("captured decoding is greedy only (temperature 0); sampling runs with cuda_graphs off")
         run = _BucketRun(self, bucket)
@@ -250,7 +286,8 @@ class GraphRunner:
                  constraint: Optional[TokenConstraint] = None) -> DecodeResult:
         """Decode a batch of left-padded prompts; same result fields as the reference decoder. B = 1
         (autoregressive) is delegated to the reference decoder. `constraint`: the per-position token
-        mask (trajectory grammar), copied into the bucket's static buffer before each block."""
+        mask (trajectory grammar), copied into the bucket's static buffer before each block, and its
+        kinematic envelope, copied into the bucket's once per request."""
         runner = self.runner
         if cfg.block_size == 1:  # plain (not fast-path) settings, so a dispatching caller cannot loop back here
             return generate_eager(runner, batch, replace(cfg, backend="sdpa", cuda_graphs=False), self.mask_id, eos_id,
@@ -261,8 +298,12 @@ class GraphRunner:
         pads = (prompt_len - batch.attention_mask.sum(dim=1)).tolist()  # host ints, once per request
         clock = PhaseClock(device)
         ordered = constraint is not None and cfg.number_order
-        run = self.bucket_for(b, cfg, prompt_len + (n_blocks + 1) * B, constraint is not None, ordered)
+        envelope = constraint.envelope if constraint is not None else None
+        run = self.bucket_for(b, cfg, prompt_len + (n_blocks + 1) * B, constraint is not None, ordered,
+                              envelope is not None)
         st = run.state
+        if envelope is not None:
+            st.load_envelope(envelope)
         clock.lap("capture")
 
         vision = runner.encode_images(batch)
@@ -282,6 +323,7 @@ class GraphRunner:
         for j in range(n_blocks):
             if j > 0:
                 st.pos.add_(B)
+            st.start.fill_(j * B)
             if constraint is not None:
                 st.banned.copy_(constraint.banned(j * B, B, st.banned.shape[-1]))
             if ordered:

@@ -49,8 +49,9 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
     With CUDA graphs or the FlashInfer backend the capture-ready "static" decoder an extension registers
     decodes (same tokens; it hands B = 1 back here with graphs off). `constraint` (the planning grammar)
     masks the logits of every step, on either path, and with `cfg.number_order` orders the commits of
-    each number's characters; its kinematic envelope, when it has one, applies on this eager path only (the
-    static path keeps the per-position grammar). `cfg.text_layers` picks the text layers on either path."""
+    each number's characters; its kinematic envelope, when it has one, too (the static path masks with the
+    block's start on the device, `KinematicEnvelope.apply_at`: the same logits). `cfg.text_layers` picks the
+    text layers on either path."""
     if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
         return extensions.decoder("static")(runner, batch, cfg, mask_id, eos_id, constraint)
     with runner.text_layers(cfg.text_layers):

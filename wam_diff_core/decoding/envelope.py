@@ -24,6 +24,11 @@ ego's heading: each x lies at or above every committed x before it (and the ego'
 x after it, in whatever order the block committed them. The expert's plans keep to it (none of the 8,664 plans
 of the shipped recipe's data_plan and data_junction train splits steps back in x); a block decoded in parallel can mix a plan that
 drives on with one that stops, x going 5.13 then 2.38 then 0.17.
+
+Capture-ready (`KinematicEnvelope.apply_at`): the block's start is a device tensor, so one CUDA graph serves every
+block. Every number is masked at every step (static shapes; a number outside the window changes nothing) and the
+window's positions read their masked logits back by one gather; the forward-only second pass is computed always and
+selected on the device where `apply` would run it. Same logits as `apply`, bit for bit.
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ from ..constants import (
 
 _STRIDE = FIXED_NUMBER_WIDTH + 1  # a number and its separator
 _NUMBERS = 2 * NUM_WAYPOINTS  # x1, y1, ..., x8, y8
+ANSWER_CHARS = _NUMBERS * _STRIDE  # the answer positions the envelope reads (every number and separator)
 _SCALE = 10 ** TRAJECTORY_DECIMALS  # values in integer hundredths
 _PLUS, _MINUS, _POINT = 10, 11, 12  # character codes beside the digits 0..9; -1: not (yet) a trajectory character
 _DIGITS = "0123456789"
@@ -102,6 +108,47 @@ def _layout(start: int, n: int, device: str, x_only: bool = False) -> Optional[_
     return _Layout(torch.tensor(nums, device=device), torch.tensor(rel, device=device),
                    torch.tensor(inside, device=device), tuple(any(row[j] for row in inside) for j in range(len(_SPELLED))),
                    tensors([p for p in pairs if p[1] == 0]), tensors([p for p in pairs if p[1] > 0]))
+
+
+@dataclass(frozen=True)
+class _Window:
+    """`_Layout`'s fields for a window whose start is a device tensor (every number of the layout, so the shapes are
+    fixed): nums, rel (clamped into the window), inside, in_any (all True); for the gather back, per window position:
+    take (n,) the index into nums and slot (n,) the spelled slot's index (both clamped), is_sign and is_digit (n,)
+    whether the position holds a sign or a digit of one of nums."""
+
+    nums: torch.Tensor
+    rel: torch.Tensor
+    inside: torch.Tensor
+    in_any: tuple[bool, ...]
+    take: torch.Tensor
+    slot: torch.Tensor
+    is_sign: torch.Tensor
+    is_digit: torch.Tensor
+
+
+@lru_cache(maxsize=16)
+def _window_tables(device: str, x_only: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layout's numbers, their spelled slots' answer positions (k, S), and each character slot's index into
+    _SPELLED (-1 for the point and the separator)."""
+    nums = torch.arange(0, _NUMBERS, 2 if x_only else 1, device=device)
+    positions = nums[:, None] * _STRIDE + torch.tensor(_SPELLED, device=device)
+    index = torch.full((_STRIDE,), -1, dtype=torch.long)
+    index[_SPELLED] = torch.arange(len(_SPELLED))
+    return nums, positions, index.to(device)
+
+
+def _window(start: torch.Tensor, n: int, x_only: bool = False) -> _Window:
+    """The `_Window` of answer positions start .. start + n - 1, start a 0-dim long tensor; tensor ops only."""
+    nums, positions, index = _window_tables(str(start.device), x_only)
+    rel = positions - start
+    inside = (rel >= 0) & (rel < n)
+    at = start + torch.arange(n, device=start.device)
+    number, slot = at // _STRIDE, index[at % _STRIDE]
+    held = (at < FIXED_TRAJECTORY_CHARS) & (slot >= 0) & ((number % 2 == 0) | (not x_only))
+    take = (number // 2 if x_only else number).clamp(max=nums.shape[0] - 1)
+    return _Window(nums, rel.clamp(0, n - 1), inside, (True,) * len(_SPELLED), take, slot.clamp(min=0),
+                   held & (slot == 0), held & (slot > 0))
 
 
 @lru_cache(maxsize=8)
@@ -203,6 +250,37 @@ class KinematicEnvelope:
         lo[:, 0::2] = torch.maximum(lo[:, 0::2], floor)
         return self._mask(logits, start, codes, lo, hi, out=out, x_only=True)[0]
 
+    def apply_at(self, logits: torch.Tensor, start: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+        """`apply` with the window's start a 0-dim long tensor on the logits' device: tensor ops with shapes fixed by
+        (batch, n, vocab) alone, no host read, so a captured block replays it at every start (module docstring)."""
+        n = logits.shape[1]
+        codes = self._codes(answer)
+        lo, hi = self._bounds(codes)
+        out, spelled = self._mask_window(logits, _window(start, n), codes, lo, hi, logits.clone())
+        if not self.forward_only:
+            return out
+        x_window = _window(start, n, x_only=True)
+        spelled_all = (spelled[:, :, _SPELLED] >= 0).all(dim=-1)
+        floor, _ = forward_bounds(_values(spelled)[:, 0::2], spelled_all[:, 0::2])
+        lo = lo.clone()
+        lo[:, 0::2] = torch.maximum(lo[:, 0::2], floor)
+        second = self._mask_window(logits, x_window, codes, lo, hi, out.clone())[0]
+        x_numbers = x_window.inside.any(dim=-1).sum()  # `apply` runs the second pass for two or more
+        return torch.where(x_numbers >= 2, second, out)
+
+    def _mask_window(self, logits: torch.Tensor, win: _Window, codes: torch.Tensor, lo: torch.Tensor,
+                     hi: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_mask` over a `_Window`: every number of it masked, the window's positions gathered back into `out`."""
+        masked, cand, c = self._spell(logits, win, codes, lo, hi)
+        stacked = torch.stack([torch.cat([masked[0], cand[:, :, 0, 2:]], dim=-1)] + masked[1:], dim=2)
+        placed = stacked[:, win.take, win.slot]  # (batch, n, 10): each window position's masked candidates
+        digits, signs = out[:, :, self.digit_ids], out[:, :, self.sign_ids]
+        out[:, :, self.digit_ids] = torch.where(win.is_digit[None, :, None], placed, digits)
+        out[:, :, self.sign_ids] = torch.where(win.is_sign[None, :, None], placed[..., :2], signs)
+        spelled = codes.clone()
+        spelled[:, win.nums] = c
+        return out, spelled
+
     def _codes(self, answer: torch.Tensor) -> torch.Tensor:
         """(batch, numbers, slots) character codes of the committed answer (-1: not committed)."""
         b, length = answer.shape[0], _NUMBERS * _STRIDE
@@ -235,6 +313,23 @@ class KinematicEnvelope:
         lay = _layout(start, logits.shape[1], str(logits.device), x_only)
         if lay is None:
             return out, codes
+        masked, cand, c = self._spell(logits, lay, codes, lo, hi)
+        a, j, p = lay.sign_pairs
+        if len(p):
+            out[:, p[:, None], self.sign_ids[None, :]] = masked[0][:, a]
+        a, j, p = lay.digit_pairs
+        if len(p):
+            stacked = torch.stack([m if m is not None else cand[:, :, 0] for m in masked[1:]], dim=2)  # (b, k, S-1, 10)
+            out[:, p[:, None], self.digit_ids[None, :]] = stacked[:, a, j - 1]
+        spelled = codes.clone()
+        spelled[:, lay.nums] = c
+        return out, spelled
+
+    def _spell(self, logits: torch.Tensor, lay, codes: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+               ) -> tuple[list, torch.Tensor, torch.Tensor]:
+        """The masking of `lay`'s numbers (a `_Layout` or `_Window`), slot by slot, most significant first ->
+        (per spelled slot its masked candidates, (batch, k, 2) for the sign, (batch, k, 10) for a digit, None where
+        no number has the slot in the window; the digit candidates (batch, k, S, 10); the numbers' codes spelled)."""
         weights, legal, _, ten, slots, sign_lo, sign_hi = _tables(str(logits.device))
         cand = logits[:, lay.rel[..., None], self.digit_ids]  # (batch, k, S, 10); the sign slot's column unused
         signs = logits[:, lay.rel[:, :1], self.sign_ids]  # (batch, k, 2)
@@ -272,16 +367,7 @@ class KinematicEnvelope:
                 sign = torch.where(c[:, :, 0] == _MINUS, -1, 1)
             else:
                 digits[:, :, q] = c[:, :, q].clamp(min=0, max=9)
-        a, j, p = lay.sign_pairs
-        if len(p):
-            out[:, p[:, None], self.sign_ids[None, :]] = masked[0][:, a]
-        a, j, p = lay.digit_pairs
-        if len(p):
-            stacked = torch.stack([m if m is not None else cand[:, :, 0] for m in masked[1:]], dim=2)  # (b, k, S-1, 10)
-            out[:, p[:, None], self.digit_ids[None, :]] = stacked[:, a, j - 1]
-        spelled = codes.clone()
-        spelled[:, lay.nums] = c
-        return out, spelled
+        return masked, cand, c
 
 
 def _values(codes: torch.Tensor) -> torch.Tensor:
