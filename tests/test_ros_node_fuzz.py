@@ -236,7 +236,7 @@ class Harness:
             self.pubs["odometry"].publish(odom)
             self.pubs["route_target"].publish(PointStamped(header=Header(stamp=_stamp(sec), frame_id="base_link"),
                                                            point=Point(x=target[0], y=target[1], z=0.0)))
-            self.spin_until(lambda: self.node._command == command and self.node._ego.vx == vx
+            self.spin_until(lambda: self.node._command == command and self.node._ego_motion.state.vx == vx
                             and self.node._route_target == (stamp_ns, target), "good command, odometry and target")
         data, step = rgb_to_raw(rgb, "bgr8")
         self.pubs["raw"].publish(Image(header=Header(stamp=_stamp(sec), frame_id="camera_front"), height=rgb.shape[0],

@@ -203,7 +203,7 @@ def test_image_in_gives_trajectory_path_and_diagnostics_out_with_the_input_stamp
     o = Odometry()
     o.twist.twist.linear.x = 4.0
     odom.publish(o)
-    probe.wait_for(lambda: node._odom_seen, what="odometry received")
+    probe.wait_for(lambda: node._ego_motion.seen, what="odometry received")
 
     cam.publish(image_msg(1234.5678, value=77))
     stamp_ns = _ns(_stamp(1234.5678))

@@ -57,6 +57,7 @@ from wam_diff_msgs.msg import Detection2DArray, DrivingAnswer, Trajectory
 from wam_diff_msgs.srv import AskQuestion
 
 from .camera_sync import ApproximateTimeSync, FrameSet, StampedFrame
+from .ego_motion import EgoMotion
 from .image_conversion import compressed_msg_to_rgb, image_msg_to_rgb
 from .input_checks import command_text, odometry_sample, question_text, route_target, stamp_ns
 from .lifecycle_transitions import TransitionFailure, serialize_change_state, transition
@@ -109,9 +110,7 @@ class PlannerNode(LifecycleNode):
         self._service = None
         self._latest: Optional[tuple[FrameSet, float]] = None
         self._odom_lock = threading.Lock()
-        self._ego = EgoState(0.0)
-        self._last_odom: Optional[tuple[float, float, float]] = None  # (t, vx, vy)
-        self._odom_seen = False
+        self._ego_motion = EgoMotion()
         self._command = "follow lane"
         self._route_target: Optional[tuple[int, tuple[float, float]]] = None  # (stamp ns, (x, y) m ego frame)
         self._sensor_group = MutuallyExclusiveCallbackGroup()
@@ -428,16 +427,8 @@ class PlannerNode(LifecycleNode):
     def _on_odometry(self, msg: Odometry) -> None:
         try:
             sample = odometry_sample(msg)
-            t, vx, vy = sample.stamp_ns * 1e-9, sample.vx, sample.vy
             with self._odom_lock:
-                ax = ay = 0.0
-                if self._last_odom is not None:
-                    dt = t - self._last_odom[0]
-                    if 1e-3 < dt < 1.0:  # finite differences only between close, ordered samples
-                        ax, ay = (vx - self._last_odom[1]) / dt, (vy - self._last_odom[2]) / dt
-                self._ego = EgoState(vx, vy, ax, ay, sample.yaw_rate)
-                self._last_odom = (t, vx, vy)
-                self._odom_seen = True
+                self._ego_motion.add(sample)
         except Exception as exc:  # noqa: BLE001 - see above
             self._reject("odometry_rejected", f"odometry on {self._cfg['odometry_topic']}", exc)
 
@@ -500,7 +491,7 @@ class PlannerNode(LifecycleNode):
     def _plan(self, job: tuple[FrameSet, float]) -> None:
         frame_set, received = job
         with self._odom_lock:
-            ego = self._ego
+            ego = self._ego_motion.state
         command, cfg, policy = self._command, self._cfg, self.policy
         if policy is None:
             return
@@ -579,7 +570,7 @@ class PlannerNode(LifecycleNode):
         values = self.stats.snapshot()
         sizes = sorted(dict(self._frame_sizes).items())  # one snapshot: camera callbacks may add a camera meanwhile
         values.update(lifecycle_state=state, model=self._model, command=self._command,
-                      odometry="received" if self._odom_seen else "none yet (ego speed 0)",
+                      odometry="received" if self._ego_motion.seen else "none yet (ego speed 0)",
                       model_uses_route_target=str(getattr(self.policy, "uses_route_target", "unknown")).lower(),
                       trained_frame_size="x".join(map(str, self._trained_frame)) if self._trained_frame else "unknown",
                       frame_size=",".join("x".join(map(str, v)) for _, v in sizes) or "none yet")

@@ -1,9 +1,8 @@
 """The planner node's rules for its inputs, applied to bag messages in receive order: camera frames converted and
 matched into frame sets (image_conversion.py, camera_sync.py, the node's own code), and the ego state, command and
-route target a frame set is planned with. The last three live inside PlannerNode's callbacks (planner_node.py, which
-imports rclpy); `NodeInputs` repeats them: odometry sets the ego state, its acceleration a finite difference to the
-previous odometry when 1 ms < dt < 1 s apart; a command replaces the last valid one (default "follow lane"); a route
-target is used for a frame set whose stamp is within route_target_max_age_s of its own. A message the node rejects
+route target a frame set is planned with. The ego state is ego_motion.EgoMotion, as in the node; the command and
+route target rules live inside PlannerNode's callbacks (planner_node.py, which imports rclpy) and `NodeInputs`
+repeats them: a command replaces the last valid one (default "follow lane"); a route target is used for a frame set whose stamp is within route_target_max_age_s of its own. A message the node rejects
 (input_checks.py) is counted here as there, and changes nothing."""
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from typing import Optional, Sequence
 from wam_diff_core.types import EgoState
 
 from ..camera_sync import ApproximateTimeSync, FrameSet, StampedFrame
+from ..ego_motion import EgoMotion
 from ..image_conversion import ImageLimits, compressed_msg_to_rgb, image_msg_to_rgb
 from ..input_checks import command_text, odometry_sample, route_target, stamp_ns
 from . import topics as T
@@ -23,12 +23,10 @@ class NodeInputs:
 
     def __init__(self, default_command: str = T.DEFAULT_COMMAND, base_frame_id: str = T.BASE_FRAME_ID,
                  route_target_max_age_s: float = T.ROUTE_TARGET_MAX_AGE_S):
-        self.ego = EgoState(0.0)
+        self._motion = EgoMotion()
         self.command = default_command
         self.base_frame_id = base_frame_id
         self.max_age_ns = route_target_max_age_s * 1e9
-        self.odometry_seen = False
-        self._last_odom: Optional[tuple[float, float, float]] = None  # (t s, vx, vy)
         self._target: Optional[tuple[int, tuple[float, float]]] = None
         self.rejected: Counter = Counter()
 
@@ -38,15 +36,15 @@ class NodeInputs:
         except ValueError:
             self.rejected["odometry"] += 1
             return
-        t = s.stamp_ns * 1e-9
-        ax = ay = 0.0
-        if self._last_odom is not None:
-            dt = t - self._last_odom[0]
-            if 1e-3 < dt < 1.0:  # finite differences only between close, ordered samples
-                ax, ay = (s.vx - self._last_odom[1]) / dt, (s.vy - self._last_odom[2]) / dt
-        self.ego = EgoState(s.vx, s.vy, ax, ay, s.yaw_rate)
-        self._last_odom = (t, s.vx, s.vy)
-        self.odometry_seen = True
+        self._motion.add(s)
+
+    @property
+    def ego(self) -> EgoState:
+        return self._motion.state
+
+    @property
+    def odometry_seen(self) -> bool:
+        return self._motion.seen
 
     def on_command(self, msg) -> None:
         try:

@@ -27,39 +27,6 @@ def world_to_ego(points: np.ndarray, xy: np.ndarray, yaw: float) -> np.ndarray:
     return np.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1]], axis=-1)
 
 
-class TrainingEgo:
-    """The ego state of `wam-diff data`'s prompts from odometry (sim/highway.py `_observe`): velocity and yaw rate of
-    the twist; acceleration the change of the world-frame velocity since the previous sample (1 ms < dt < 1 s apart,
-    else 0), in the current ego frame, so a curve shows its centripetal part (v x yaw rate) as the world states it.
-    The planner node differences the ego-frame velocity instead (inputs.NodeInputs), which leaves that part out."""
-
-    def __init__(self):
-        from wam_diff_core.types import EgoState
-
-        self.ego = EgoState(0.0)
-        self._last: Optional[tuple[float, np.ndarray]] = None  # (t s, world-frame velocity)
-
-    def add(self, msg) -> None:
-        from wam_diff_core.types import EgoState
-
-        from ..input_checks import odometry_sample
-
-        try:
-            s = odometry_sample(msg)
-        except ValueError:
-            return
-        yaw = yaw_of(msg.pose.pose.orientation)
-        c, sn = math.cos(yaw), math.sin(yaw)
-        vel = np.array([c * s.vx - sn * s.vy, sn * s.vx + c * s.vy])
-        t = s.stamp_ns * 1e-9
-        ax = ay = 0.0
-        if self._last is not None and 1e-3 < t - self._last[0] < 1.0:
-            acc = (vel - self._last[1]) / (t - self._last[0])
-            ax, ay = c * acc[0] + sn * acc[1], -sn * acc[0] + c * acc[1]
-        self.ego = EgoState(s.vx, s.vy, float(ax), float(ay), s.yaw_rate)
-        self._last = (t, vel)
-
-
 class OdometryTrack:
     """Collect poses with `add(stamp_ns, msg)` (any order), then ask `pose_at` / `label`."""
 

@@ -1,7 +1,7 @@
 """`wam-diff-bag to-dataset BAG... --out DIR`: planning samples from recorded drives, in the format of `wam-diff data`
 (docs/architecture.md; `wam-diff-train --data DIR/train.json` reads them): a camera frame every `period_s` (default
 0.5 s: `wam-diff data --every 5` at 10 Hz), the ego state of the latest odometry as `wam-diff data` states it
-(odometry_track.TrainingEgo), the command and route target the planner node would hold at that frame (inputs.py),
+and the planner node holds it (ego_motion.EgoMotion), the command and route target the planner node would hold at that frame (inputs.py),
 and as the answer the next 4 s of the recorded odometry, 8 waypoints 0.5 s apart in the frame's ego frame
 (odometry_track.OdometryTrack). Frames without 4 s of odometry after them (the end of a drive, a gap) are skipped
 and counted.
@@ -22,7 +22,7 @@ from wam_diff_core.constants import IMAGE_PLACEHOLDER, WAYPOINT_DT_S
 from . import topics as T
 from .errors import BagError
 from .inputs import Cameras, NodeInputs
-from .odometry_track import OdometryTrack, TrainingEgo
+from .odometry_track import OdometryTrack
 from .reading import BagReader
 
 DATASOURCE = "rosbag2"
@@ -77,7 +77,7 @@ def bag_samples(bag_path, out_dir: Path, split: str = "train", *, period_s: floa
     period_ns = int(round(period_s * 1e9))
     img_dir = out_dir / "images" / name
     img_dir.mkdir(parents=True, exist_ok=True)
-    track, ego, inputs, skipped = OdometryTrack(), TrainingEgo(), NodeInputs(), Counter()
+    track, inputs, skipped = OdometryTrack(), NodeInputs(), Counter()
     taken: list[tuple] = []  # (index, rel, size, stamp, ego, command, target)
     next_ns, index, t0_ns = None, -1, None
     with BagReader(bag_path) as reader:
@@ -87,7 +87,6 @@ def bag_samples(bag_path, out_dir: Path, split: str = "train", *, period_s: floa
         for m in reader.messages(read, last=[camera_topic]):
             if m.topic == odometry_topic:
                 track.add(m.msg.header.stamp.sec * 1_000_000_000 + m.msg.header.stamp.nanosec, m.msg)
-                ego.add(m.msg)
             if m.topic != camera_topic:
                 inputs.feed(m.topic, m.msg, odometry_topic, command_topic, route_target_topic)
                 continue
@@ -106,7 +105,7 @@ def bag_samples(bag_path, out_dir: Path, split: str = "train", *, period_s: floa
             frame = frame_set.frames[0].frame
             rel = f"images/{name}/{index:04d}.png"
             Image.fromarray(frame).save(out_dir / rel, compress_level=1)
-            taken.append((index, rel, (frame.shape[1], frame.shape[0]), stamp, ego.ego, inputs.command,
+            taken.append((index, rel, (frame.shape[1], frame.shape[0]), stamp, inputs.ego, inputs.command,
                           inputs.target_for(stamp)))
     samples = []
     for frame_index, rel, size, stamp, ego, command, target in taken:
