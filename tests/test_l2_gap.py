@@ -268,3 +268,13 @@ def test_report_rows_show_the_gap_to_their_ar_model(tmp_path):
     assert row[COLUMNS.index("L2 vs AR (95 %)")] == "+20.0 % (+20.0 to +20.0)"
     ar_row = next(line for line in md.splitlines() if line.startswith("| AR |")).split(" | ")
     assert ar_row[COLUMNS.index("L2 vs AR (95 %)")] == "-"
+
+
+def test_dtype_is_the_weights_not_a_decoding_setting(nano_ckpt, tmp_path):
+    _checkpoint(nano_ckpt, tmp_path / "fixed")
+    out = tmp_path / "gap"
+    args = ["--data", str(_split(tmp_path / "data")), "--samples", "1", "--out", str(out), "--dtype", "float32",
+            f"a={tmp_path / 'fixed'}"]
+    assert _main(args) == 0
+    result = json.loads((out / "l2_gap.json").read_text())
+    assert result["decoding"] == {"dtype": "float32"} and result["models"][0]["invalid"] == 0

@@ -81,6 +81,8 @@ SCHEDULES = ("linear", "cosine")
 TEXT_LAYERS = ("model", "fast", "compiled")
 # attention backends: torch SDPA and flex attention (CPU and GPU), FlashInfer (GPU, from kernels/).
 ATTENTION_BACKENDS = ("sdpa", "flex", "flashinfer")
+# weight dtypes a user may ask for (model/precision.py; unset: the checkpoint's own on a GPU, float32 on a CPU)
+DTYPES = ("float32", "bfloat16", "float16")
 
 # Tasks the policy can answer in one token space.
 TASKS = ("planning", "detection", "qa")

@@ -19,7 +19,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.parameter import Parameter
 from rclpy.validate_topic_name import validate_topic_name
 
-from wam_diff_core.constants import (ATTENTION_BACKENDS, NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, SCHEDULES, SHIPPED_MODEL,
+from wam_diff_core.constants import (ATTENTION_BACKENDS, DTYPES, NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, SCHEDULES, SHIPPED_MODEL,
                                      STRATEGIES, TASKS, TEXT_LAYERS)
 from wam_diff_core.errors import WamDiffError
 from wam_diff_core.types import check_command
@@ -48,10 +48,11 @@ class Spec(NamedTuple):
 
 
 PARAMETERS: dict[str, Spec] = {
-    "model": Spec(SHIPPED_MODEL, f"'{SHIPPED_MODEL}' (the shipped model, models/{SHIPPED_MODEL}; the untrained "
-                                 f"'nano' preset with a warning where it is absent), a preset name or a local "
-                                 f"checkpoint directory; 'fake' = no model (wiring tests)"),
+    "model": Spec(SHIPPED_MODEL, f"'{SHIPPED_MODEL}' (the shipped model: models/{SHIPPED_MODEL} of the source, or "
+                                 f"share/wam_diff_ros/models/{SHIPPED_MODEL} of an install prefix), a preset name or "
+                                 f"a local checkpoint directory; 'fake' = no model (wiring tests)"),
     "device": Spec("cpu", "torch device: cpu, cuda, cuda:0, ..."),
+    "dtype": Spec("", "weights' dtype ('' = the checkpoint's own on a GPU, float32 on a CPU)", choices=("",) + DTYPES),
     "attention_backend": Spec("sdpa", "attention backend (flashinfer: GPU)", choices=ATTENTION_BACKENDS),
     "cuda_graphs": Spec(False, "capture the block decode step as a CUDA graph (GPU only)"),
     "text_layers": Spec("model", "text layers: the model's own, 'fast' (merged projections, same math) or "
@@ -66,7 +67,7 @@ PARAMETERS: dict[str, Spec] = {
                                 "wam_diff_core/decoding/remasking.py)", choices=("",) + SCHEDULES),
     "max_new_tokens": Spec(0, "token budget per answer; 0 = the policy's per-task budget", bounds=(0, 8192)),
     "kinematic_envelope": Spec(True, "decode plans inside the kinematic envelope (wam_diff_core/decoding/envelope.py; "
-                                     "eager decoding only, not the CUDA-graph path)"),
+                                     "eager and CUDA-graph paths alike)"),
     "forward_only": Spec("", "the envelope also keeps plans from stepping back along the ego's heading: on, off, or "
                              "'' (the checkpoint's own)", choices=("", "on", "off")),
     "tasks": Spec(["planning"], f"tasks run on every frame set, a non-empty subset of {list(PLAN_TASKS)}",
@@ -177,7 +178,7 @@ def read_config(values: dict) -> dict:
     cfg = {name: check_value(name, values[name]) for name in PARAMETERS}
     cfg["image_limits"] = image_limits(cfg)
     cfg["policy"] = PolicySettings(
-        model=cfg["model"], device=cfg["device"], attention_backend=cfg["attention_backend"],
+        model=cfg["model"], device=cfg["device"], dtype=cfg["dtype"], attention_backend=cfg["attention_backend"],
         cuda_graphs=cfg["cuda_graphs"], block_size=cfg["block_size"], denoising_steps=cfg["denoising_steps"],
         remasking_strategy=cfg["remasking_strategy"], remasking_threshold=cfg["remasking_threshold"],
         max_new_tokens=cfg["max_new_tokens"], tasks=cfg["tasks"], kinematic_envelope=cfg["kinematic_envelope"],

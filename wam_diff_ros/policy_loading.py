@@ -18,6 +18,7 @@ class PolicySettings:
 
     model: str = SHIPPED_MODEL
     device: str = "cpu"
+    dtype: str = ""  # a DTYPES name; "" = the checkpoint's own on a GPU, float32 on a CPU
     attention_backend: str = "sdpa"
     cuda_graphs: bool = False
     block_size: int = 0
@@ -43,7 +44,7 @@ def load_policy(settings: PolicySettings):
 
     s = settings
     return DrivingPolicy.load(
-        s.model, device=s.device, tasks=s.tasks, block_size=s.block_size or None, steps=s.denoising_steps or None,
+        s.model, device=s.device, dtype=s.dtype or None, tasks=s.tasks, block_size=s.block_size or None, steps=s.denoising_steps or None,
         strategy=s.remasking_strategy or None, threshold=s.remasking_threshold or None,
         schedule=s.commit_schedule or None, forward_only={"on": True, "off": False}.get(s.forward_only),
         max_new_tokens=s.max_new_tokens or None, backend=s.attention_backend, cuda_graphs=s.cuda_graphs,

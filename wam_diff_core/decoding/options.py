@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..constants import ATTENTION_BACKENDS, SCHEDULES, STRATEGIES, TEXT_LAYERS
-from ..model.precision import DTYPES
+from ..constants import ATTENTION_BACKENDS, DTYPES, SCHEDULES, STRATEGIES, TEXT_LAYERS
 
 ON_OFF = ("on", "off")
 # the options' dests are DecoderConfig fields: these are given as on / off, the others taken as they are

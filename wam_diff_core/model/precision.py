@@ -13,9 +13,9 @@ from typing import Optional
 import torch
 from safetensors import safe_open
 
+from ..constants import DTYPES
 from ..errors import WamDiffError
 
-DTYPES = ("float32", "bfloat16", "float16")
 _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # safetensors' names of the floating types (a header's dtype field)
 _SAFETENSORS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}

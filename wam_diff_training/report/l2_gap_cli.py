@@ -177,8 +177,9 @@ def _decode_one(args: argparse.Namespace, out: Path, label: str, path: str, bloc
                 steps: Optional[int], schedule: Optional[str]) -> tuple[dict, Path]:
     """Decode (or, with --resume, reuse) one model's plans: (its row of the result so far, its predictions file).
     Refuses a resumed file decoded another way than asked."""
-    loaded = load_model(path, device=args.device)
-    cfg = model_decoding(loaded, decoding_arguments(args), block, steps, schedule)
+    user = decoding_arguments(args)
+    loaded = load_model(path, device=args.device, dtype=user.pop("dtype", None))
+    cfg = model_decoding(loaded, user, block, steps, schedule)
     pred_path = out / "predictions" / f"{slugify(label)}_planning.jsonl"
     clock_path = pred_path.with_suffix(".decode.json")
     if not (args.resume and pred_path.is_file()):

@@ -55,17 +55,19 @@ def split_envelope(spec: str) -> tuple[str, dict]:
 
 
 def _decodings(specs: list[str], user: dict, device: str = "cpu") -> list[tuple]:
-    """(label, loaded checkpoint, decoder config) per entry, `user` the command line's decoding options;
-    a checkpoint named twice is loaded once."""
+    """(label, loaded checkpoint, decoder config) per entry, `user` the command line's decoding options (its
+    `dtype`, when given, is the weights'); a checkpoint named twice is loaded once."""
     from wam_diff_core.model.checkpoint import load_model
 
+    user = dict(user)
+    dtype = user.pop("dtype", None)
     runs, cache = [], {}
     for spec in specs:
         spec, envelope = split_envelope(spec)
         spec, schedule = split_schedule(spec)
         label, path, block, steps = parse_model(spec)
         if path not in cache:
-            cache[path] = load_model(path, device=device)
+            cache[path] = load_model(path, device=device, dtype=dtype)
         cfg = model_decoding(cache[path], user | envelope, block, steps, schedule)
         runs.append((label, cache[path], cfg))
     return runs
