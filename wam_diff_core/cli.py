@@ -12,7 +12,8 @@ from .console import console_main
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "bench": ("wam_diff_core.bench", "decode-speed benchmark: table + JSON"),
+    "bench": ("wam_diff_core.bench", "speed, entries interleaved: decoding configurations; --compare: whole plans "
+                                        "of checkpoints with L2; --profile: one plan phase by phase"),
     "demo": ("wam_diff_core.demo", "run the main job on the embedded default"),
     "decode": ("wam_diff_core.decode_cli", "decode one prompt (image + ego state) and print the plan"),
     "data": ("wam_diff_core.sim.datagen", "generate planning/detection/QA datasets from the embedded world "
@@ -25,11 +26,15 @@ COMMANDS = {
                                             "(--nuscenes SPLIT.json: open-loop L2 and collisions on nuScenes)"),
     "compare-drives": ("wam_diff_core.eval.compare_drives", "closed-loop runs side by side: table, JSON and plot"),
     "expert-probe": ("wam_diff_core.sim.expert_probe", "policies' plans beside the expert's on a route it drives"),
+    "evaluate": ("wam_diff_core.evaluate", "detection mAP, QA accuracy per template and planning L2 of models on a "
+                                           "validation split: table + JSON"),
 }
 # (command, flag) -> the module that serves `wam-diff COMMAND FLAG ...` instead of the command's own
 VARIANTS = {
     ("data", "--nuscenes"): "wam_diff_core.nuscenes.convert",
     ("score", "--nuscenes"): "wam_diff_core.nuscenes.score",
+    ("bench", "--compare"): "wam_diff_core.bench.compare",
+    ("bench", "--profile"): "wam_diff_core.bench.profile",
 }
 
 
