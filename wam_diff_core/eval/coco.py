@@ -37,11 +37,13 @@ def _score(b) -> float:
 
 
 def coco_map(predictions: Sequence[Sequence], ground_truth: Sequence[Sequence], default_label: str = "car") -> dict:
-    """mAP@[.5:.95], AP50 and AP75 over images.
+    """mAP@[.5:.95], AP50, AP75, per-class AP and recall at 10 boxes over images.
 
     predictions[i], ground_truth[i]: boxes of image i, each a Detection, a {"bbox_2d", "label"[, "score"]}
-    dict or an (x1, y1, x2, y2) sequence. Returns {"map", "ap50", "ap75", "images", "gt_boxes"};
-    -1 values (no ground truth at all) are reported as None.
+    dict or an (x1, y1, x2, y2) sequence. Returns {"map", "ap50", "ap75", "per_class": {label: AP@[.5:.95]
+    of each ground-truth label}, "recall_10": COCO AR@10 (recall with the 10 best-scored boxes per image,
+    averaged over IoU .5:.95), "recall_10_iou50": the same at IoU 0.5 alone, "images", "gt_boxes"}; -1
+    values (no ground truth at all) are reported as None.
     """
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
@@ -62,10 +64,13 @@ def coco_map(predictions: Sequence[Sequence], ground_truth: Sequence[Sequence], 
             dets.append({"image_id": i + 1, "category_id": cat[_label(b, default_label)], "bbox": _box(b),
                          "score": _score(b)})
     n_gt = len(anns)
+    gt_labels = sorted({_label(b, default_label) for img in ground_truth for b in img})
     if n_gt == 0:
-        return {"map": None, "ap50": None, "ap75": None, "images": len(images), "gt_boxes": 0}
+        return {"map": None, "ap50": None, "ap75": None, "per_class": {}, "recall_10": None, "recall_10_iou50": None,
+                "images": len(images), "gt_boxes": 0}
     if not dets:
-        return {"map": 0.0, "ap50": 0.0, "ap75": 0.0, "images": len(images), "gt_boxes": n_gt}
+        return {"map": 0.0, "ap50": 0.0, "ap75": 0.0, "per_class": {k: 0.0 for k in gt_labels}, "recall_10": 0.0,
+                "recall_10_iou50": 0.0, "images": len(images), "gt_boxes": n_gt}
     with contextlib.redirect_stdout(io.StringIO()):
         gt_api = COCO()
         gt_api.dataset = {"images": images, "annotations": anns, "categories": [{"id": v, "name": k} for k, v in cat.items()]}
@@ -77,9 +82,29 @@ def coco_map(predictions: Sequence[Sequence], ground_truth: Sequence[Sequence], 
         ev.accumulate()
         ev.summarize()
     stats = ev.stats
-
-    def clean(v):
-        return None if v < 0 else float(v)
-
-    return {"map": clean(stats[0]), "ap50": clean(stats[1]), "ap75": clean(stats[2]),
+    return {"map": _clean(stats[0]), "ap50": _clean(stats[1]), "ap75": _clean(stats[2]),
+            "per_class": {k: _class_ap(ev.eval["precision"], cat[k] - 1) for k in gt_labels},
+            "recall_10": _clean(stats[7]), "recall_10_iou50": _recall_at(ev, iou=0.5, max_dets=10),
             "images": len(images), "gt_boxes": n_gt}
+
+
+def _clean(v) -> float | None:
+    return None if v < 0 else float(v)
+
+
+def _class_ap(precision: np.ndarray, k: int) -> float | None:
+    """AP@[.5:.95] of category index k from COCOeval's precision (iou, recall, category, area, max dets): all
+    areas, 100 boxes; None when the category has no ground truth (every entry -1)."""
+    p = precision[:, :, k, 0, -1]
+    p = p[p > -1]
+    return float(p.mean()) if p.size else None
+
+
+def _recall_at(ev, iou: float, max_dets: int) -> float | None:
+    """Recall over all categories (mean of those with ground truth) at one IoU threshold, all areas, with the
+    `max_dets` best-scored boxes per image."""
+    t = int(np.argmin(np.abs(ev.params.iouThrs - iou)))
+    m = list(ev.params.maxDets).index(max_dets)
+    r = ev.eval["recall"][t, :, 0, m]
+    r = r[r > -1]
+    return float(r.mean()) if r.size else None
