@@ -9,7 +9,7 @@ import pytest
 
 from wam_diff_core.codec import ParseError, format_detections, format_trajectory, parse_detections
 from wam_diff_core.eval.coco import coco_map
-from wam_diff_core.evaluate import Answer, parse_data, score_planning, score_qa
+from wam_diff_core.evaluate import Answer, model_slugs, parse_data, score_planning, score_qa
 from wam_diff_core.evaluate_data import EvalSample, pick
 from wam_diff_core.evaluate_detection import box_breakdown, detection_scores, greedy_match, iou_matrix
 from wam_diff_core.evaluate_qa import qa_scores
@@ -108,6 +108,10 @@ def test_qa_samples_are_shared_out_evenly_among_templates_where_a_stride_would_a
     kinds = [s["meta"]["qa_kind"] for s in chosen]
     assert len(chosen) == 100 and {kinds.count(f"t{k}") for k in range(6)} == {16, 17}
     assert [s["id"] for s in pick(samples + [{"id": "d", "task": "detection"}], "detection", 5)] == ["d"]
+
+
+def test_models_sharing_a_directory_name_get_numbered_prediction_files():
+    assert model_slugs(["models/nano-s-b32", "runs/x/nano-s-b32", "nano"]) == ["nano-s-b32-1", "nano-s-b32-2", "nano"]
 
 
 def test_data_paths_apply_to_every_task_unless_one_is_given_for_a_task():

@@ -168,16 +168,24 @@ def write_predictions(path: Path, samples: Sequence[EvalSample], answers: Sequen
                             for s, a in zip(samples, answers)))
 
 
+def model_slugs(models: Sequence[str]) -> list[str]:
+    """File-name tags of the models: each one's directory name, numbered where two share it."""
+    names = ["".join(c if c.isalnum() or c in "-_" else "_" for c in Path(m).name or m) for m in models]
+    return [f"{n}-{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
 def evaluate_model(model: str, data: dict[str, Path], tasks: Sequence[str], limit: int, out: Path,
-                   batch_size: int = 8, device: str = "cpu", progress: bool = True, **decoding) -> dict:
+                   batch_size: int = 8, device: str = "cpu", progress: bool = True, slug: Optional[str] = None,
+                   **decoding) -> dict:
     """Every task of `tasks` for one model (a shipped name, preset or checkpoint directory) on `limit` samples of
-    its split in `data`; predictions written under OUT/predictions/. Returns the model's JSON-ready result."""
+    its split in `data`; predictions written as OUT/predictions/<slug>_<task>.jsonl. Returns the model's JSON-ready
+    result."""
     policy = DrivingPolicy.load(model, device=device, **decoding)
     settings = policy.loaded.settings
     samples = {t: load_task(data[t], t, limit, settings.prompt_route_targets) for t in tasks}
     result = {"model": model, "name": policy.loaded.name, "decoding": asdict(policy.config),
               "parameters": policy.loaded.num_params, "tasks": {}}
-    slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(model).name or model)
+    slug = slug or model_slugs([model])[0]
     with tqdm(total=sum(len(s) for s in samples.values()), desc=slug, unit="sample", disable=not progress) as bar:
         for task in tasks:
             scores, answers = evaluate_task(policy, task, samples[task], batch_size, bar)
@@ -236,8 +244,9 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     decoding = decoding_arguments(args)
+    models = args.model or [SHIPPED_MODEL]
     results = [evaluate_model(m, data, tasks, args.samples, out, args.batch_size, args.device, not args.no_progress,
-                              **decoding) for m in (args.model or [SHIPPED_MODEL])]
+                              slug, **decoding) for m, slug in zip(models, model_slugs(models))]
     report = {"tasks": tasks, "samples_per_task": args.samples, "budgets": {t: TASK_BUDGET[t] for t in tasks},
               "decoding_options": decoding, "models": results}
     (out / "evaluate.json").write_text(json.dumps(report, indent=2))
