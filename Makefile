@@ -36,10 +36,12 @@ test: install
 demo: install
 	$(VENV)/bin/wam-diff-demo
 
-# decode speed of the shipped B = 32 model against its own AR (B = 1) reading, on the CPU
+# decode speed of the shipped B = 32 model against its own AR (B = 1) reading, configurations interleaved, on the
+# CPU; then whole plans of the shipped pair taking turns on the same frames, with planning L2 beside the speed
 bench: install
-	$(VENV)/bin/wam-diff bench --model models/nano-s-b32 --block-sizes 1,32 --steps 4,8,16 --batch-sizes 1 --device cpu \
+	$(VENV)/bin/wam-diff bench --model models/nano-s-b32 --block-sizes 1,32 --steps 4,8 --repeats 15 --device cpu \
 		--out runs/bench_nano_s_b32.json
+	$(VENV)/bin/wam-diff bench --compare models/nano-s-ar models/nano-s-b32 --samples 100 --out runs/bench_compare.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

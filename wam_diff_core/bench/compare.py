@@ -9,8 +9,8 @@ rotated or shuffled per frame, `interleave`); speed ratios to the first entry ar
 summarised (median, min-max, IQR), with tokens/s and plans/s over the whole run. Planning L2 (m, mean over
 the waypoints) is scored against the expert's trajectory, and each entry's gap to the first is paired on the
 frames both planned validly, with a 95 % bootstrap interval. Frames: `--data` (a split `wam-diff data`
-wrote), else the suite's held-out routes rendered on the spot (`frames`). Prints a markdown table, writes JSON
-(--out) and the table beside it (.md).
+wrote), else the shipped models' planning validation split rendered on the spot (`frames`). Prints a markdown
+table, writes JSON (--out) and the table beside it (.md).
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def add_arguments(parser) -> None:
                         help="[LABEL=]MODEL[@K | @BxK][:KEY=VALUE ...] per entry (wam_diff_core/bench/entries.py); "
                              "the first is the reference of the ratios and the L2 gaps")
     parser.add_argument("--data", default=None,
-                        help="planning split (`wam-diff data`'s val.json); default: the suite's held-out routes, "
-                             "rendered into --frames-dir on first use")
+                        help="planning split (`wam-diff data`'s val.json); default: the shipped models' planning "
+                             "validation split, rendered into --frames-dir on first use")
     parser.add_argument("--frames-dir", default="runs/bench", help="where rendered frames are kept between runs")
     parser.add_argument("--samples", type=int, default=100, help="frames, evenly spaced over the split")
     parser.add_argument("--order", default="rotate", choices=ORDERS,
@@ -142,7 +142,7 @@ def summarise(entries: Sequence[Entry], policies: Sequence, rounds: list[list[di
 def frame_source(args, policies) -> tuple[str, list[Frame]]:
     size = getattr(policies[0], "trained_frame_size", None) or FRAME_SIZE
     frames = planning_frames(args.data, args.frames_dir, tuple(size), args.samples)
-    source = args.data or f"the suite's held-out routes rendered at {size[0]}x{size[1]} ({args.frames_dir})"
+    source = args.data or f"the planning validation split rendered at {size[0]}x{size[1]} ({args.frames_dir})"
     return source, frames
 
 

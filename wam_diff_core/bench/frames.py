@@ -1,8 +1,9 @@
 """Planning frames a benchmark plans from, each with the expert's trajectory to score the plan against.
 
 From a dataset split (`wam-diff data`'s val.json, or any split in its format), or, where none is given, the
-held-out routes of the embedded suite rendered on the spot with the expert (the samples `wam-diff data` writes
-for its validation split, same routes, seeds and frames), cached in a folder so a second run reads them back.
+planning validation split the shipped models are evaluated on, rendered on the spot with the expert (the samples
+`wam-diff data` writes for it: same routes, seeds, frames and order), cached in a folder so a second run reads
+them back.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from ..codec import ParseError, parse_trajectory
 from ..errors import WamDiffError
@@ -74,18 +76,30 @@ def split_frames(path: str | Path, limit: int) -> list[Frame]:
     return frames
 
 
+# The planning validation split the shipped models are evaluated on (wam_diff_training/recipes/nano_s.yaml,
+# step data_plan: `wam-diff data --tasks planning --every 3 --seed-offsets 0,1000,2000 --wait-keep-s 3`)
+EVERY = 3
+SEED_OFFSETS = (0, 1000, 2000)
+WAIT_KEEP_S = 3.0
+
+
 def rendered_frames(cache: str | Path, frame_size: tuple[int, int], limit: int) -> list[Frame]:
-    """`limit` evenly spaced planning frames of the suite's held-out routes (those `wam-diff data` puts in its
-    validation split), rendered at `frame_size` (W, H) by the expert into `cache` where not there yet."""
+    """`limit` evenly spaced planning frames of the validation split `wam-diff data` writes with the shipped
+    models' settings (EVERY, SEED_OFFSETS, WAIT_KEEP_S): the suite's held-out routes, each once per seed offset,
+    driven by the expert and rendered at `frame_size` (W, H) into `cache` where not there yet; samples in the
+    order of that split's val.json."""
     from ..sim.datagen import VAL_FRACTION, assign_splits, generate_route, pending_routes
-    from ..sim.routes import load_routes
+    from ..sim.routes import load_routes, with_seed_offsets
 
     cache = Path(cache)
     routes = load_routes()
     splits = assign_splits(routes, VAL_FRACTION)
-    held_out = [r for r in routes if splits[r.route_id] == "val"]
-    for route in pending_routes(cache, held_out):
-        generate_route(route, cache, frame_size=frame_size, split="val", tasks=("planning",))
+    copies, base = with_seed_offsets(routes, list(SEED_OFFSETS))
+    held_out = [r for r in copies if splits[base[r.route_id]] == "val"]
+    todo = pending_routes(cache, held_out)
+    for route in tqdm(todo, desc="render frames", unit="route", disable=not todo):
+        generate_route(route, cache, every=EVERY, frame_size=frame_size, split="val", tasks=("planning",),
+                       wait_keep_s=WAIT_KEEP_S)
     samples = []
     for route in held_out:
         samples += json.loads((cache / "parts" / f"{route.route_id}.json").read_text())["samples"]
@@ -93,10 +107,10 @@ def rendered_frames(cache: str | Path, frame_size: tuple[int, int], limit: int) 
 
 
 def planning_frames(data: Optional[str], cache: str | Path, frame_size: tuple[int, int], limit: int) -> list[Frame]:
-    """The split `data` when given, else the rendered held-out routes (`rendered_frames`)."""
+    """The split `data` when given, else the rendered validation split (`rendered_frames`)."""
     if data:
         return split_frames(data, limit)
-    return rendered_frames(Path(cache) / f"frames_{frame_size[0]}x{frame_size[1]}", frame_size, limit)
+    return rendered_frames(Path(cache) / f"val_{frame_size[0]}x{frame_size[1]}", frame_size, limit)
 
 
 def route_target_for(frame: Frame, route_target: bool, only_on: Optional[tuple[str, ...]]) -> Optional[tuple[float, float]]:

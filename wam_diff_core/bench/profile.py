@@ -35,7 +35,7 @@ MAX_BLOCK_ROWS = 8  # more response blocks than this (B = 1: one per token) are 
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", nargs="+", required=True, metavar="MODEL",
                         help="[LABEL=]MODEL[@K | @BxK][:KEY=VALUE ...] per entry, as --compare's")
-    parser.add_argument("--data", default=None, help="planning split; default: the suite's held-out routes (rendered)")
+    parser.add_argument("--data", default=None, help="planning split; default: the planning validation split (rendered)")
     parser.add_argument("--frames-dir", default="runs/bench", help="where rendered frames are kept between runs")
     parser.add_argument("--samples", type=int, default=20, help="frames, evenly spaced over the split")
     parser.add_argument("--order", default="rotate", choices=ORDERS)
@@ -102,14 +102,21 @@ def summarise_phases(plans: list[dict]) -> dict:
             "phases": rows, "blocks": _block_rows(plans)}
 
 
-def top_ops(policy, frames: Sequence[Frame], plans: int, top: int) -> list[dict]:
-    """The `top` operators by self CPU time over `plans` plans under torch.profiler: calls and self ms per plan
-    and their share of the profiled self time (the profiler's own overhead inflates small operators)."""
+def top_ops(policy, frames: Sequence[Frame], plans: int, top: int, threads: int | None = None) -> list[dict]:
+    """The `top` operators by self CPU time over `plans` plans (at `threads` torch threads) under torch.profiler:
+    calls and self ms per plan and their share of the profiled self time (the profiler's own overhead inflates
+    small operators)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for k in range(plans):
-            _plan(policy, frames[k % len(frames)])
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for k in range(plans):
+                _plan(policy, frames[k % len(frames)])
+    finally:
+        torch.set_num_threads(before)
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
     events.sort(key=lambda e: -e.self_cpu_time_total)
@@ -143,7 +150,7 @@ def run(args) -> int:
         row = {"label": entry.label, "model": entry.model, "block_size": policy.config.block_size,
                "steps": policy.config.steps, **summarise_phases([r[i] for r in rounds])}
         if args.ops > 0:
-            row["ops"] = top_ops(policy, frames, args.ops_plans, args.ops)
+            row["ops"] = top_ops(policy, frames, args.ops_plans, args.ops, entry.threads)
         result["entries"].append(row)
     table = markdown(result)
     print(table)
