@@ -134,7 +134,9 @@ def summarise(entries: Sequence[Entry], policies: Sequence, rounds: list[list[di
                      "decoding": asdict(config) if is_dataclass(config) else dict(entry.decoding)}
                     | _entry_row(i, rounds, frames))
     per_frame = [{"id": f.id, "scenario": f.scenario,
-                  "plans": [{k: g[k] for k in ("seconds", "tokens", "forwards", "valid", "l2", "position")} for g in r]}
+                  "plans": [{"seconds": round(g["seconds"], 5), "tokens": g["tokens"], "forwards": g["forwards"],
+                             "valid": g["valid"], "l2": None if g["l2"] is None else round(g["l2"], 5),
+                             "position": g["position"]} for g in r]}
                  for f, r in zip(frames, rounds)]
     return {"entries": rows, "frames": per_frame}
 
@@ -168,10 +170,17 @@ def run(args) -> int:
     print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_json(out, result)
     out.with_suffix(".md").write_text(table + "\n")
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
+
+
+def write_json(path: Path, result: dict) -> None:
+    """`result` as indented JSON, its per-frame records one line each (hundreds of frames stay readable)."""
+    head = json.dumps({k: v for k, v in result.items() if k != "frames"}, indent=2)
+    frames = ",\n".join("    " + json.dumps(f) for f in result.get("frames", []))
+    path.write_text(head[:-2] + ',\n  "frames": [\n' + frames + "\n  ]\n}\n")
 
 
 def _gap_text(gap: dict | None) -> str:
