@@ -31,7 +31,7 @@ $(STAMP): requirements.txt $(wildcard requirements-*.txt) setup.py scripts/insta
 	@touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 demo: install
 	$(VENV)/bin/wam-diff-demo
