@@ -148,18 +148,25 @@ def frame_source(args, policies) -> tuple[str, list[Frame]]:
     return source, frames
 
 
-def run(args) -> int:
+def load_entries(args, specs: list[str]) -> tuple[list, list, str, list]:
+    """The command line's model entries loaded as policies (each at its own decoding, the options on top) and the
+    frames they are timed on: (entries, policies, frame source, frames). Shared by --compare and --profile."""
     from ..policy import DrivingPolicy
 
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: expected at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    entries = parse_entries(args.compare)
+    entries = parse_entries(specs)
     user = decoding_arguments(args)
     dtype = user.pop("dtype", None)
     policies = [DrivingPolicy.load(e.model, device=args.device, dtype=dtype, **(user | e.decoding)) for e in entries]
     source, frames = frame_source(args, policies)
+    return entries, policies, source, frames
+
+
+def run(args) -> int:
+    entries, policies, source, frames = load_entries(args, args.compare)
     load_before = load_average()
     rounds = compare_plans(policies, frames, args.order, args.seed, [e.threads for e in entries])
     result = {"frames_source": source, "samples": len(frames), "machine": machine(args.device), "order": args.order,

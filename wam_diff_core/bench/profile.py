@@ -20,10 +20,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..decoding.options import add_decoding_arguments, decoding_arguments
-from ..errors import UsageError
-from .compare import frame_source, target_rule
-from .entries import parse_entries
+from ..decoding.options import add_decoding_arguments
+from .compare import load_entries, target_rule
 from .frames import Frame, route_target_for
 from .interleave import ORDERS, interleaved
 from .machine import describe, load_average, load_text, machine
@@ -125,17 +123,7 @@ def top_ops(policy, frames: Sequence[Frame], plans: int, top: int, threads: int 
 
 
 def run(args) -> int:
-    from ..policy import DrivingPolicy
-
-    if args.samples < 1:
-        raise UsageError(f"--samples {args.samples}: expected at least 1")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    entries = parse_entries(args.profile)
-    user = decoding_arguments(args)
-    dtype = user.pop("dtype", None)
-    policies = [DrivingPolicy.load(e.model, device=args.device, dtype=dtype, **(user | e.decoding)) for e in entries]
-    source, frames = frame_source(args, policies)
+    entries, policies, source, frames = load_entries(args, args.profile)
     timers = [profile_timer(p, frames, e.threads) for p, e in zip(policies, entries)]
     load_before = load_average()
     for timer in timers:
