@@ -131,8 +131,8 @@ def test_bag_topics_are_the_planner_and_bridge_defaults():
     assert [absolute(bridge[k]) for k in ("camera_topic", "odometry_topic", "command_topic", "route_target_topic")] == [
         T.CAMERA_TOPIC, T.ODOMETRY_TOPIC, T.COMMAND_TOPIC, T.ROUTE_TARGET_TOPIC]
     assert (bridge["camera_name"], bridge["odom_frame_id"]) == (T.CAMERA_NAME, T.ODOM_FRAME_ID)
-    assert (record.TOP_DOWN_HEIGHT_M, record.TOP_DOWN_ROTATION) == (TOP_DOWN_HEIGHT_M, TOP_DOWN_ROTATION)
     tf = record.camera_tf_msg(typestore(), 0, 320, 160)
     mount = top_down_mount(T.CAMERA_NAME, 320, 160, 3.0, (0.25, 0.5))
-    t = tf.transforms[0].transform.translation
-    assert (t.x, t.y, t.z) == pytest.approx(mount.xyz)
+    t, r = tf.transforms[0].transform.translation, tf.transforms[0].transform.rotation
+    assert (t.x, t.y, t.z) == pytest.approx(mount.xyz) and t.z == TOP_DOWN_HEIGHT_M
+    assert (r.x, r.y, r.z, r.w) == TOP_DOWN_ROTATION

@@ -41,7 +41,8 @@ from wam_diff_core.model.settings import check_route_target_scenarios
 from wam_diff_core.types import EgoState, Plan
 from wam_diff_msgs.msg import Trajectory
 
-from .camera_tf import CameraMount, StaticTransforms
+from .camera_tf import (TOP_DOWN_HEIGHT_M, TOP_DOWN_ROTATION, CameraMount, StaticTransforms,  # noqa: F401 - API
+                        top_down_mount)
 from .image_conversion import rgb_to_raw
 from .topic_qos import COMMAND_QOS
 
@@ -76,21 +77,6 @@ PARAMETERS = {
 }
 
 ROUTE_GAP_S = 1.0
-# The top-down view looks the same from any height; its camera is drawn this high above the image centre.
-TOP_DOWN_HEIGHT_M = 20.0
-# The top-down camera's link: x (its view) straight down, y (image left) backward, z (image up) left.
-TOP_DOWN_ROTATION = (-0.5, 0.5, 0.5, 0.5)
-
-
-def top_down_mount(name: str, width: int, height: int, scaling: float, anchor: tuple[float, float]) -> CameraMount:
-    """The embedded world's camera: a `width` x `height` top-down view of `scaling` px/m with the ego at `anchor`
-    (fractions of width, height); its link sits TOP_DOWN_HEIGHT_M above the image centre, in base_link
-    ((0.5 - anchor_x) width / scaling ahead, (anchor_y - 0.5) height / scaling to the left)."""
-    x = (0.5 - float(anchor[0])) * width / scaling
-    y = (float(anchor[1]) - 0.5) * height / scaling
-    return CameraMount(name, (x, y, TOP_DOWN_HEIGHT_M), TOP_DOWN_ROTATION)
-
-
 def _ns_to_time(ns: int):
     from builtin_interfaces.msg import Time
 

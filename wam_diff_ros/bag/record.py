@@ -21,6 +21,7 @@ import numpy as np
 
 from wam_diff_core.constants import JUNCTION_SCENARIOS, REPLAN_EVERY
 
+from ..camera_tf import OPTICAL_ROTATION, top_down_mount
 from . import topics as T
 from .messages import blank, header, stamp
 from .writing import BagWriter
@@ -115,19 +116,10 @@ def odometry_msg(store, tick, stamp_ns: int):
                  twist=blank(store, "geometry_msgs/msg/TwistWithCovariance", twist=twist))
 
 
-# The top-down camera of highway_bridge_node.top_down_mount (which imports rclpy): its link this high above the image
-# centre, x (the view) straight down, y (image left) backward, z (image up) left; tests hold the two in step.
-TOP_DOWN_HEIGHT_M = 20.0
-TOP_DOWN_ROTATION = (-0.5, 0.5, 0.5, 0.5)
-
-
 def camera_tf_msg(store, stamp_ns: int, width: int, height: int, scaling: float = 3.0, anchor=(0.25, 0.5)):
     """tf2_msgs/TFMessage of the world's camera: base_link -> camera_front_link (above the image centre) ->
     camera_front_optical_frame, as the highway bridge sends on /tf_static (camera_tf.py)."""
-    from ..camera_tf import OPTICAL_ROTATION, CameraMount
-
-    mount = CameraMount(T.CAMERA_NAME, ((0.5 - anchor[0]) * width / scaling, (anchor[1] - 0.5) * height / scaling,
-                                        TOP_DOWN_HEIGHT_M), TOP_DOWN_ROTATION)
+    mount = top_down_mount(T.CAMERA_NAME, width, height, scaling, anchor)
 
     def transform(parent, child, xyz, rotation):
         x, y, z, w = (float(v) for v in rotation)
