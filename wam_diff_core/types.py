@@ -74,8 +74,27 @@ class DecodeStats:
 
 
 @dataclass
+class Candidate:
+    """One of the trajectories a plan drew from one prompt (`DrivingPolicy.plan(..., candidates=N)`): index 0 is the
+    greedy answer (the plan without candidates), the others sampled; trajectory (8, 2) metres in the ego frame, None
+    when the answer did not parse (`error` says why); logprob: the mean log-probability the model gave the answer's
+    tokens (0.0 when the decoder reported none)."""
+
+    index: int
+    trajectory: Optional[np.ndarray]
+    text: str = ""
+    logprob: float = 0.0
+    error: Optional[str] = None
+
+    @property
+    def valid(self) -> bool:
+        return self.trajectory is not None
+
+
+@dataclass
 class Plan:
-    """Output of DrivingPolicy.plan(): trajectory (8, 2) metres in the ego frame, or invalid with an error."""
+    """Output of DrivingPolicy.plan(): trajectory (8, 2) metres in the ego frame, or invalid with an error.
+    With candidates: every candidate drawn, the one whose trajectory the plan carries (`chosen`) and its score."""
 
     trajectory: Optional[np.ndarray]
     valid: bool
@@ -85,6 +104,9 @@ class Plan:
     errors: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, DecodeStats] = field(default_factory=dict)
+    candidates: list[Candidate] = field(default_factory=list)
+    chosen: int = 0
+    score: Optional[float] = None
 
 
 @dataclass
