@@ -25,6 +25,7 @@ import numpy as np
 from ..types import Detection, EgoState
 from ..constants import BOX_SCALE, EGO_ACCEL_LIMITS_MPS2, FRAME_SIZE, JUNCTION_SCENARIOS, ROUTE_TARGET_AHEAD_M
 from ..model.settings import check_route_target_scenarios
+from ..scoring.camera import TOP_DOWN_EGO_ANCHOR, TOP_DOWN_PX_PER_M, TopDownCamera
 from .routes import Route
 
 import os  # noqa: E402
@@ -169,8 +170,8 @@ class HighwayWorld:
     (sim.expert.ExpertVehicle) drives itself and `step()` ignores its arguments.
     """
 
-    def __init__(self, route: Route, frame_size: tuple[int, int] = FRAME_SIZE, scaling: float = 3.0,
-                 ego_anchor: tuple[float, float] = (0.25, 0.5), sim_hz: int = 10, policy_hz: int = 10,
+    def __init__(self, route: Route, frame_size: tuple[int, int] = FRAME_SIZE, scaling: float = TOP_DOWN_PX_PER_M,
+                 ego_anchor: tuple[float, float] = TOP_DOWN_EGO_ANCHOR, sim_hz: int = 10, policy_hz: int = 10,
                  driver: str = "policy", render: bool = True,
                  route_target_scenarios: Sequence[str] = JUNCTION_SCENARIOS):
         if sim_hz % policy_hz:
@@ -628,11 +629,18 @@ class HighwayWorld:
                 x2 / self.width * BOX_SCALE, y2 / self.height * BOX_SCALE)
         return Detection(label="car", box_px=(x1, y1, x2, y2), box_norm=tuple(round(n) for n in norm), score=1.0)
 
+    @property
+    def camera(self) -> TopDownCamera:
+        """The top-down camera the frames are drawn with: frame size, `scaling` px/m, ego `anchor`."""
+        return TopDownCamera(self.width, self.height, self.scaling, tuple(self.anchor))
+
     def ego_to_pixels(self, pts_ego: np.ndarray) -> np.ndarray:
         """Ego-frame points (..., 2) metres -> frame pixels (u right, v down)."""
-        p = np.asarray(pts_ego, dtype=np.float64)
-        u0, v0 = self.anchor[0] * self.width, self.anchor[1] * self.height
-        return np.stack([u0 + p[..., 0] * self.scaling, v0 - p[..., 1] * self.scaling], axis=-1)
+        return self.camera.to_pixels(pts_ego)
+
+    def pixels_to_ego(self, pixels: np.ndarray) -> np.ndarray:
+        """Frame pixels (..., 2) (u right, v down) -> ego-frame points (..., 2) metres on the ground."""
+        return self.camera.to_ground(pixels)
 
     def _vehicles_gt(self, ego_xy, ego_yaw) -> list[VehicleGT]:
         out = []
