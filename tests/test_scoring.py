@@ -253,6 +253,10 @@ def test_the_oracle_sees_the_worlds_vehicles_and_lanes_and_perception_places_its
     tick = world.reset()
     context = oracle_context(world, tick)
     assert len(context.agents) == len(tick.vehicles) > 0 and context.lanes
+    # every vehicle's forecast follows its lane at its speed: half a second on, it is where its velocity takes it
+    assert all(a.future is not None and a.future.shape == (NUM_WAYPOINTS, 3) for a in context.agents)
+    drift = [np.linalg.norm(a.future[0, :2] - (np.asarray(a.xy) + 0.5 * np.asarray(a.velocity))) for a in context.agents]
+    assert max(drift) < 0.2
     speed = tick.ego.vx
     keep_lane = constant_speed(speed)
     off_road = np.stack([speed * T, 0.6 * T ** 2 * 4], axis=1)  # 38 m to the left in 4 s: off the 3 lanes
@@ -279,7 +283,7 @@ def test_leaving_out_far_agents_and_lane_pieces_changes_no_pdm_term(route, most_
     pytest.importorskip("highway_env")
     from wam_diff_core.eval.pdm import PdmScene, densify, pdm_score
     from wam_diff_core.scoring.oracle import oracle_context
-    from wam_diff_core.scoring.relevance import agent_paths, nearby_agents, nearby_lanes
+    from wam_diff_core.scoring.relevance import nearby_agents, nearby_lanes, tabulate
     from wam_diff_core.sim.highway import HighwayWorld
     from wam_diff_core.sim.routes import Route
 
@@ -289,14 +293,14 @@ def test_leaving_out_far_agents_and_lane_pieces_changes_no_pdm_term(route, most_
     for _ in range(20):
         tick = world.step()
     context = oracle_context(world, tick)
-    paths = agent_paths(context.agents)
+    tabulated = tabulate(context.agents)
     rng = np.random.default_rng(seed)
     kept = []
     for _ in range(40):  # plans from braking to speeding up, swerving either way
         v, a, lateral = tick.ego.speed, rng.uniform(-6.0, 4.0), rng.uniform(-1.5, 1.5)
         plan = np.stack([np.maximum(v * T + 0.5 * a * T ** 2, 0.0), lateral * T ** 2], axis=1)
         _, xy, heading = densify(plan)
-        near = nearby_agents(xy, heading, context.ego.speed, context.agents, paths)
+        near = nearby_agents(xy, heading, context.ego.speed, tabulated)
         lanes = nearby_lanes(xy, context.lanes)
         full = pdm_score(plan, PdmScene(context.ego.speed, list(context.agents), list(context.lanes)))
         part = pdm_score(plan, PdmScene(context.ego.speed, near, lanes))

@@ -23,7 +23,7 @@ class ScoringContext:
     detections: boxes in pixels of `camera`'s frame (the model's own, or any detector's);
     previous_detections: those of an earlier frame `previous_age_s` seconds ago, for constant-velocity forecasts;
     previous_pose: the ego's pose (x m, y m, yaw rad) at that frame, in this frame; None: dead-reckoned back from
-    `ego` (its velocity and yaw rate held over the age);
+    `ego` (its velocity, acceleration and yaw rate held over the age);
     agents, lanes: the true road users and lane centrelines (the embedded world's, `oracle.oracle_context`), None
     where unknown. The command is carried for scorers that read it; the terms of docs/scoring.md do not."""
 

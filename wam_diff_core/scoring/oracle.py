@@ -1,7 +1,8 @@
 """The oracle scorer (embedded world only): the PDM-style terms against the world's true road users and lanes.
 
 What the perception scorer would reach with perfect detection, tracking and a map: the ceiling of scoring.
-The agents move at their true velocity (constant over the horizon: a live world has no logged future).
+A live world has no logged future: each vehicle follows its lane or route at its current speed
+(`HighwayWorld.vehicle_futures`), or moves at its constant velocity where that cannot be predicted.
 """
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from .camera import TopDownCamera
 from .terms import score_candidates
 
 
-def agents_from_vehicles(vehicles) -> list[Agent]:
-    """The world's `VehicleGT`s (a tick's `vehicles`, ego frame) -> PDM agents moving at their velocity."""
+def agents_from_vehicles(vehicles, futures: Optional[dict] = None) -> list[Agent]:
+    """The world's `VehicleGT`s (a tick's `vehicles`, ego frame) -> PDM agents; `futures` (vid -> (NUM_WAYPOINTS, 3)
+    x, y, heading at 0.5 s steps) where known, else moving at their velocity."""
+    futures = futures or {}
     return [Agent(xy=tuple(v.xy), heading=float(v.heading), velocity=tuple(v.velocity), length=float(v.length),
-                  width=float(v.width)) for v in vehicles]
+                  width=float(v.width), future=futures.get(v.vid)) for v in vehicles]
 
 
 def lanes_from_world(lanes_gt: list[dict]) -> list[tuple[np.ndarray, float]]:
@@ -29,10 +32,11 @@ def lanes_from_world(lanes_gt: list[dict]) -> list[tuple[np.ndarray, float]]:
 
 def oracle_context(world, tick, camera: Optional[TopDownCamera] = None) -> ScoringContext:
     """The scoring context of a live embedded world at `tick` (its latest): ego, command, route target, the
-    world's own boxes as detections, the true vehicles and the lanes near the ego (`world.lanes_gt()`)."""
+    world's own boxes as detections, the true vehicles with their forecasts (`world.vehicle_futures()`) and the
+    lanes near the ego (`world.lanes_gt()`)."""
     return ScoringContext(ego=tick.ego, command=tick.command, route_target=tick.route_target,
                           detections=tuple(tick.detections), camera=camera or world.camera,
-                          agents=tuple(agents_from_vehicles(tick.vehicles)),
+                          agents=tuple(agents_from_vehicles(tick.vehicles, world.vehicle_futures())),
                           lanes=tuple(lanes_from_world(world.lanes_gt())))
 
 

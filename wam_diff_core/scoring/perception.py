@@ -39,7 +39,9 @@ def _not_the_ego(centres: np.ndarray) -> np.ndarray:
 def _into_this_frame(centres: np.ndarray, context: ScoringContext) -> np.ndarray:
     """Centres (M, 2) in the previous frame's ego frame -> in this one, by the ego's pose back then."""
     age = float(context.previous_age_s)
-    x, y, yaw = context.previous_pose or (-context.ego.vx * age, -context.ego.vy * age, -context.ego.yaw_rate * age)
+    ego = context.ego  # dead reckoning: the ego's velocity, acceleration and yaw rate held over the age
+    back = (-ego.vx * age + ego.ax * age ** 2 / 2, -ego.vy * age + ego.ay * age ** 2 / 2, -ego.yaw_rate * age)
+    x, y, yaw = context.previous_pose or back
     c, s = math.cos(yaw), math.sin(yaw)
     return centres @ np.array([[c, s], [-s, c]]) + np.array([x, y])
 

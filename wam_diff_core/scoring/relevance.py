@@ -7,6 +7,8 @@ and keeps a score to a few milliseconds.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -19,12 +21,32 @@ _TTC_STEPS = int(round(max(TTC_HORIZONS_S) / SIM_DT_S))  # 0.1 s intervals the l
 _MARGIN_M = 1.0  # slack on top of the bounds (state_at's interpolation, rounding)
 
 
-def agent_paths(agents: Sequence[Agent]) -> np.ndarray:
-    """Centres (A, T, 2) of every agent at the plan's 0.1 s times (as `pdm.densify`) and the TTC look-ahead."""
+@dataclass
+class TabulatedAgent(Agent):
+    """An agent with its states on the 0.1 s grid computed once (`tabulate`): `state_at` is pdm_score's hot call,
+    once per agent per 0.1 s per TTC horizon, and replaying a logged future there is costly."""
+
+    table_xy: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    table_heading: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def state_at(self, t: float) -> tuple[np.ndarray, float]:
+        k = int(round(t / SIM_DT_S))
+        if 0 <= k < self.table_heading.shape[0] and abs(k * SIM_DT_S - t) < 1e-6:
+            return self.table_xy[k], float(self.table_heading[k])
+        return super().state_at(t)
+
+
+def tabulate(agents: Sequence[Agent]) -> list[TabulatedAgent]:
+    """The agents with their centres and headings at the plan's 0.1 s times (as `pdm.densify`'s) and the TTC
+    look-ahead beyond them."""
     times = np.arange(0.0, HORIZON_S + max(TTC_HORIZONS_S) + 1e-9, SIM_DT_S)
-    if not agents:
-        return np.zeros((0, times.shape[0], 2))
-    return np.array([[a.state_at(float(t))[0] for t in times] for a in agents])
+    out = []
+    for a in agents:
+        states = [a.state_at(float(t)) for t in times]
+        fields = {f.name: getattr(a, f.name) for f in dataclasses.fields(Agent)}
+        out.append(TabulatedAgent(**fields, table_xy=np.array([xy for xy, _ in states]),
+                                  table_heading=np.array([h for _, h in states])))
+    return out
 
 
 def _ego_velocity(xy: np.ndarray, heading: np.ndarray, ego_speed: float) -> np.ndarray:
@@ -33,8 +55,8 @@ def _ego_velocity(xy: np.ndarray, heading: np.ndarray, ego_speed: float) -> np.n
     return speed[:, None] * np.stack([np.cos(heading), np.sin(heading)], axis=1)
 
 
-def nearby_agents(xy: np.ndarray, heading: np.ndarray, ego_speed: float, agents: Sequence[Agent],
-                  paths: np.ndarray) -> list[Agent]:
+def nearby_agents(xy: np.ndarray, heading: np.ndarray, ego_speed: float,
+                  agents: Sequence[TabulatedAgent]) -> list[TabulatedAgent]:
     """The agents whose box can overlap the plan's (xy, heading: `pdm.densify`'s) box or a TTC projection of it.
 
     At time t a projection moves the ego by v_e(t) d and the agent moves over [t, t + d], so their centres close
@@ -42,6 +64,7 @@ def nearby_agents(xy: np.ndarray, heading: np.ndarray, ego_speed: float, agents:
     if not agents:
         return []
     n = xy.shape[0]
+    paths = np.stack([a.table_xy for a in agents])  # (A, T, 2)
     v_ego = _ego_velocity(xy, heading, ego_speed)  # (n, 2)
     v_agent = np.diff(paths, axis=1) / SIM_DT_S  # (A, T - 1, 2)
     closing = np.max([np.linalg.norm(v_ego[None] - v_agent[:, k:k + n], axis=2) for k in range(_TTC_STEPS)], axis=0)

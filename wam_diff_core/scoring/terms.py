@@ -22,7 +22,7 @@ from ..constants import TRAJECTORY_DECIMALS, WAYPOINT_DT_S
 from ..decoding.envelope import accel_bounds
 from ..eval.pdm import EP_MIN_REFERENCE_M, Agent, PdmResult, PdmScene, densify, pdm_score
 from ..types import Candidate, EgoState
-from .relevance import agent_paths, nearby_agents, nearby_lanes
+from .relevance import TabulatedAgent, nearby_agents, nearby_lanes, tabulate
 
 # a decoded plan's numbers are rounded to hundredths: a second difference may carry 4 half-hundredths of error
 ENVELOPE_TOLERANCE_MPS2 = 4 * 0.5 * 10 ** -TRAJECTORY_DECIMALS / WAYPOINT_DT_S ** 2
@@ -72,12 +72,13 @@ def progress_m(trajectory: np.ndarray, route_target: Optional[tuple[float, float
 
 
 def trajectory_terms(trajectory: np.ndarray, ego: EgoState, agents: Sequence[Agent], lanes,
-                     route_target: Optional[tuple[float, float]], paths: Optional[np.ndarray] = None) -> Terms:
-    """The terms of one (NUM_WAYPOINTS, 2) ego-frame plan; lanes None: no map, DAC 1. `paths`: `agent_paths(agents)`
-    when the caller scores several plans against the same agents."""
-    paths = agent_paths(agents) if paths is None else paths
+                     route_target: Optional[tuple[float, float]]) -> Terms:
+    """The terms of one (NUM_WAYPOINTS, 2) ego-frame plan; lanes None: no map, DAC 1. Agents already
+    `relevance.tabulate`d are used as they are (a caller scoring several plans against the same agents)."""
+    if not all(isinstance(a, TabulatedAgent) for a in agents):
+        agents = tabulate(agents)
     _, xy, heading = densify(trajectory)
-    scene = PdmScene(ego_speed=ego.speed, agents=nearby_agents(xy, heading, ego.speed, agents, paths),
+    scene = PdmScene(ego_speed=ego.speed, agents=nearby_agents(xy, heading, ego.speed, agents),
                      lanes=nearby_lanes(xy, lanes or []))
     pdm = pdm_score(trajectory, scene)
     return Terms(nc=pdm.nc, dac=pdm.dac if lanes is not None else 1.0,
@@ -102,9 +103,9 @@ def combine(terms: Sequence[Terms]) -> np.ndarray:
 def score_candidates(candidates: Sequence[Candidate], ego: EgoState, agents: Sequence[Agent], lanes,
                      route_target: Optional[tuple[float, float]]) -> np.ndarray:
     """`combine` of every valid candidate's terms; -inf for the invalid ones."""
-    paths = agent_paths(agents)
+    agents = tabulate(agents)
     valid = [k for k, c in enumerate(candidates) if c.valid]
-    terms = [trajectory_terms(candidates[k].trajectory, ego, agents, lanes, route_target, paths) for k in valid]
+    terms = [trajectory_terms(candidates[k].trajectory, ego, agents, lanes, route_target) for k in valid]
     out = np.full(len(candidates), -np.inf)
     out[valid] = combine(terms)
     return out

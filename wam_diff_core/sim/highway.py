@@ -755,6 +755,28 @@ class HighwayWorld:
                     out.append({"id": f"{a}->{b}:{k}", "centre": rel, "width": float(lane.width_at(s_ego))})
         return out
 
+    def vehicle_futures(self) -> dict[int, np.ndarray]:
+        """Every other vehicle's next NUM_WAYPOINTS centres and headings (x, y, heading) along its lane or route at
+        its current speed, in the ego frame, by ground-truth id (`VehicleGT.vid`): the live world's forecast of its
+        traffic (the oracle scorer's); a vehicle whose route cannot be followed is left out."""
+        from ..constants import NUM_WAYPOINTS, WAYPOINT_DT_S
+
+        ego = self.ego
+        xy, yaw = hw_to_world(ego.position), -float(ego.heading)
+        times = (np.arange(NUM_WAYPOINTS) + 1) * WAYPOINT_DT_S
+        out = {}
+        for v in self.env.road.vehicles:
+            vid = getattr(v, _VID_ATTR, None)
+            if v is ego or vid is None:
+                continue
+            try:
+                positions, headings = v.predict_trajectory_constant_speed(times)
+            except (IndexError, KeyError, ValueError):  # highway-env's route projection where lane counts change
+                continue
+            rel = world_to_ego(hw_to_world(np.asarray(positions)), xy, yaw)
+            out[vid] = np.column_stack([rel, -np.asarray(headings, dtype=np.float64) - yaw])
+        return out
+
     def expert_intent(self) -> np.ndarray:
         """The expert ego's intended next NUM_WAYPOINTS positions (its target lane / route at its
         current speed), in the ego frame. Only for driver="expert"."""
