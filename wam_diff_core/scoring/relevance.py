@@ -2,8 +2,8 @@
 
 pdm_score tests every agent's box against the plan's box at every 0.1 s and against the plan's TTC projections,
 and every corner of the plan's boxes against every lane segment, one box at a time in Python. Most agents and
-most of a lane are far from any one plan; leaving them out changes no term (the bounds below are conservative)
-and keeps a score to a few milliseconds.
+most of a lane are far from any one plan; leaving them out changes no term (the tests below keep everything that
+could count) and keeps a plan's score to a few milliseconds.
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from ..eval.pdm import DAC_MARGIN_M, EGO_LENGTH_M, EGO_WIDTH_M, SIM_DT_S, TTC_HO
 from ..constants import HORIZON_S
 
 EGO_RADIUS_M = float(np.hypot(EGO_LENGTH_M, EGO_WIDTH_M) / 2)  # centre to corner of the ego's box
-_TTC_STEPS = int(round(max(TTC_HORIZONS_S) / SIM_DT_S))  # 0.1 s intervals the longest TTC projection spans
-_MARGIN_M = 1.0  # slack on top of the bounds (state_at's interpolation, rounding)
+_SLACK_M = 1e-3  # floating-point slack: pdm_score counts touching boxes as overlapping
 
 
 @dataclass
@@ -57,21 +56,26 @@ def _ego_velocity(xy: np.ndarray, heading: np.ndarray, ego_speed: float) -> np.n
 
 def nearby_agents(xy: np.ndarray, heading: np.ndarray, ego_speed: float,
                   agents: Sequence[TabulatedAgent]) -> list[TabulatedAgent]:
-    """The agents whose box can overlap the plan's (xy, heading: `pdm.densify`'s) box or a TTC projection of it.
-
-    At time t a projection moves the ego by v_e(t) d and the agent moves over [t, t + d], so their centres close
-    in by at most d max |v_e(t) - v_a(s)|; boxes overlap only with centres within the sum of their radii."""
+    """The agents whose box may overlap the plan's (xy, heading: `pdm.densify`'s) box at some 0.1 s or one of its
+    TTC projections, at the times pdm_score compares them: the agents that no such pair separates along the ego
+    box's own two axes (the separating-axis test on half of its axes, so it keeps a few that never touch)."""
     if not agents:
         return []
     n = xy.shape[0]
-    paths = np.stack([a.table_xy for a in agents])  # (A, T, 2)
-    v_ego = _ego_velocity(xy, heading, ego_speed)  # (n, 2)
-    v_agent = np.diff(paths, axis=1) / SIM_DT_S  # (A, T - 1, 2)
-    closing = np.max([np.linalg.norm(v_ego[None] - v_agent[:, k:k + n], axis=2) for k in range(_TTC_STEPS)], axis=0)
-    gap = np.linalg.norm(paths[:, :n] - xy[None], axis=2)  # (A, n)
-    radius = np.hypot([a.length for a in agents], [a.width for a in agents]) / 2
-    reach = (gap - closing * max(TTC_HORIZONS_S)).min(axis=1)
-    return [a for a, r, rad in zip(agents, reach, radius) if r <= EGO_RADIUS_M + rad + _MARGIN_M]
+    steps = np.array([0] + [int(round(h / SIM_DT_S)) for h in TTC_HORIZONS_S])  # (D,) NC, then each TTC horizon
+    ego = xy[None] + _ego_velocity(xy, heading, ego_speed)[None] * (steps * SIM_DT_S)[:, None, None]  # (D, n, 2)
+    index = np.arange(n)[None] + steps[:, None]  # (D, n) table rows of the agents' states at those times
+    rel = np.stack([a.table_xy for a in agents])[:, index] - ego[None]  # (A, D, n, 2)
+    turn = np.stack([a.table_heading for a in agents])[:, index] - heading  # (A, D, n) agent heading - ego's
+    along, across = np.cos(heading), np.sin(heading)
+    lon = rel[..., 0] * along + rel[..., 1] * across
+    lat = rel[..., 1] * along - rel[..., 0] * across
+    half_l = np.array([a.length for a in agents])[:, None, None] / 2
+    half_w = np.array([a.width for a in agents])[:, None, None] / 2
+    c, s = np.abs(np.cos(turn)), np.abs(np.sin(turn))
+    touch = ((np.abs(lon) <= EGO_LENGTH_M / 2 + half_l * c + half_w * s + _SLACK_M)
+             & (np.abs(lat) <= EGO_WIDTH_M / 2 + half_l * s + half_w * c + _SLACK_M))
+    return [a for a, near in zip(agents, touch.any(axis=(1, 2))) if near]
 
 
 def nearby_lanes(xy: np.ndarray, lanes) -> list[tuple[np.ndarray, float]]:
@@ -85,7 +89,7 @@ def nearby_lanes(xy: np.ndarray, lanes) -> list[tuple[np.ndarray, float]]:
         mid = (c[:-1] + c[1:]) / 2
         half = np.linalg.norm(np.diff(c, axis=0), axis=1) / 2
         dist = np.linalg.norm(mid[:, None] - xy[None], axis=2).min(axis=1)
-        keep = np.flatnonzero(dist <= EGO_RADIUS_M + width / 2 + DAC_MARGIN_M + half + _MARGIN_M)
+        keep = np.flatnonzero(dist <= EGO_RADIUS_M + width / 2 + DAC_MARGIN_M + half + _SLACK_M)
         for run in np.split(keep, np.flatnonzero(np.diff(keep) > 1) + 1) if keep.size else []:
             out.append((c[run[0]: run[-1] + 2], float(width)))
     return out
