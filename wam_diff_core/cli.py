@@ -13,7 +13,8 @@ from .console import console_main
 # name -> (module, one-line help)
 COMMANDS = {
     "bench": ("wam_diff_core.bench", "speed, entries interleaved: decoding configurations; --compare: whole plans "
-                                        "of checkpoints with L2; --profile: one plan phase by phase"),
+                                        "of checkpoints with L2; --profile: one plan phase by phase; "
+                                        "--candidates: what N candidate plans cost"),
     "demo": ("wam_diff_core.demo", "run the main job on the embedded default"),
     "decode": ("wam_diff_core.decode_cli", "decode one prompt (image + ego state) and print the plan"),
     "data": ("wam_diff_core.sim.datagen", "generate planning/detection/QA datasets from the embedded world "
@@ -35,6 +36,7 @@ VARIANTS = {
     ("score", "--nuscenes"): "wam_diff_core.nuscenes.score",
     ("bench", "--compare"): "wam_diff_core.bench.compare",
     ("bench", "--profile"): "wam_diff_core.bench.profile",
+    ("bench", "--candidates"): "wam_diff_core.bench.candidates",
 }
 
 

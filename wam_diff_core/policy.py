@@ -1,9 +1,9 @@
 """DrivingPolicy: the one entry point the ROS node, the CARLA agent and the closed loops call.
 
 `plan(images, ego_state, command)` -> Plan (trajectory in the ego frame, optional detections, raw
-text, validity, timings); `ask(images, question)` -> Answer. Inputs are validated (ValueError naming
-the bad value); model text is parsed by the codec and never raises: a bad answer becomes an invalid
-Plan with the parse error.
+text, validity, timings; with `candidates=N`, N trajectories drawn from one prefill); `ask(images,
+question)` -> Answer. Inputs are validated (ValueError naming the bad value); model text is parsed by
+the codec and never raises: a bad answer becomes an invalid Plan with the parse error.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 from .codec import ParseError, parse_answer, parse_detections, parse_trajectory
 from .constants import TASKS
 from .decoding.block_diffusion import generate
+from .decoding.candidates import CandidateSampling, CandidatesError, DecodeRows, check_candidates, check_sampling
 from .decoding.config import DecoderConfig, resolve_decoding
 from .decoding.constraint import planning_constraint
 from .errors import WamDiffError
@@ -27,7 +28,7 @@ from .model.processor import check_image
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
 from .text_confidence import score_detections
-from .types import Answer, DecodeStats, EgoState, Plan, check_command, check_route_target
+from .types import Answer, Candidate, DecodeStats, EgoState, Plan, check_command, check_route_target
 
 # Token budget per task: a trajectory is 16 numbers (digits tokenize one by one), boxes are longer.
 TASK_BUDGET = {"planning": 128, "detection": 192, "qa": 64}
@@ -67,6 +68,31 @@ def check_device_settings(device: str | torch.device, config: DecoderConfig) -> 
         missing = attention_backend("flashinfer").missing()
         if missing:
             raise PolicySettingsError("backend 'flashinfer' needs " + " and ".join(missing))
+
+
+def check_candidate_settings(candidates: int, config: DecoderConfig) -> None:
+    """Raise PolicySettingsError (one line) when `config` cannot draw `candidates` > 1 plans: they decode on the
+    eager path (no CUDA graphs, no FlashInfer) with candidate 0 greedy (temperature 0)."""
+    if candidates > 1 and (config.cuda_graphs or config.backend == "flashinfer"):
+        raise PolicySettingsError(f"candidates={candidates} decode on the eager path: set cuda_graphs off and the "
+                                  f"backend to sdpa or flex (got cuda_graphs={config.cuda_graphs}, "
+                                  f"backend {config.backend!r})")
+    if candidates > 1 and config.temperature > 0:
+        raise PolicySettingsError(f"candidates={candidates} need temperature 0 (candidate 0 is the greedy plan, "
+                                  f"`sampling` draws the others), got temperature {config.temperature}")
+
+
+def answer_candidate(index: int, text: str, finished: bool, probs: Optional[Sequence[float]],
+                     budget: int) -> Candidate:
+    """The Candidate of one planning answer: its trajectory, or None and why (truncated, unparsable); its
+    logprob the mean log of its tokens' probabilities (0.0 without any)."""
+    logprob = float(np.mean(np.log(np.maximum(probs, 1e-30)))) if probs else 0.0
+    if not finished:
+        return Candidate(index, None, text, logprob, f"truncated: no end of answer within {budget} tokens")
+    parsed = parse_trajectory(text)
+    if isinstance(parsed, ParseError):
+        return Candidate(index, None, text, logprob, str(parsed))
+    return Candidate(index, parsed, text, logprob)
 
 
 def _check_images(images) -> list[np.ndarray]:
@@ -117,16 +143,18 @@ class DrivingPolicy:
         return self.loaded.settings.frame_size
 
     def _decode(self, prompts: list[str], images: list[np.ndarray], cfg: DecoderConfig, tasks: Sequence[str],
-                ego: Optional[EgoState] = None):
-        """Decode one answer per prompt; row i answers tasks[i] (planning rows under the checkpoint's
-        trajectory grammar when it has one, and inside the kinematic envelope from `ego` when the config
-        asks for it)."""
+                ego: Optional[EgoState] = None, rows: Optional[DecodeRows] = None):
+        """Decode one answer per prompt, or per row of `rows` (candidates); row i answers tasks[i] (planning rows
+        under the checkpoint's trajectory grammar when it has one, and inside the kinematic envelope from `ego`
+        when the config asks for it)."""
         batch = self.processor.encode(prompts, [images] * len(prompts)).to(self.device)
         settings = self.loaded.settings
+        tasks = list(tasks) if rows is None else rows.tasks(tasks)
         egos = [ego if t == "planning" else None for t in tasks] if cfg.kinematic_envelope and ego is not None else None
         grammar = planning_constraint(self.processor.tokenizer, settings, tasks, cfg.answer_positions,
                                       self.runner.vocab_size, self.device, egos, cfg.forward_only)
-        result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar)
+        extra = {} if rows is None else {"rows": rows}
+        result = generate(self.runner, batch, cfg, settings.mask_token_id, settings.eos_token_id, grammar, **extra)
         texts = [self.processor.decode(ids) for ids in result.token_ids]
         return result, texts
 
@@ -136,44 +164,62 @@ class DrivingPolicy:
         return self.loaded.settings.route_target
 
     def plan(self, images, ego_state: EgoState, command: str, tasks: Sequence[str] | None = None,
-             target: Optional[tuple[float, float]] = None) -> Plan:
+             target: Optional[tuple[float, float]] = None, candidates: int = 1,
+             sampling: CandidateSampling | str | None = None) -> Plan:
         """Plan from camera images (list of (H, W, 3) uint8 RGB), ego state, navigation command and, when the
         caller has one, the route target point (x, y) m in the ego frame; a checkpoint that never learned route
-        targets (`uses_route_target` False) is asked without it, as it was trained."""
+        targets (`uses_route_target` False) is asked without it, as it was trained.
+
+        `candidates` N > 1: one vision encode and one prefill, then N planning answers decoded as one batch
+        (`decoding.candidates`): candidate 0 the greedy plan (token for token the plan without candidates), the
+        others drawn by `sampling` (a CandidateSampling or a method name; default "tokens" at temperature 1);
+        a detection answer, when asked for, once, in the same batch. `plan.candidates` holds them all (the
+        invalid ones with their error); the plan carries candidate 0 (`chosen` 0) until a scorer picks another."""
         images = _check_images(images)
         if not isinstance(ego_state, EgoState):
             raise ValueError(f"ego_state must be an EgoState, got {type(ego_state).__name__}")
         command = check_command(command)
         target = check_route_target(target) if self.uses_route_target else None
         tasks = check_tasks(tasks or self.tasks)
+        n, sampling = check_candidates(candidates), check_sampling(sampling)
+        check_candidate_settings(n, self.config)
+        if n > 1 and "planning" not in tasks:
+            raise CandidatesError(f"candidates={n} are planning answers; tasks {tasks} ask for none")
         start = time.perf_counter()
         text_for = {"planning": planning_prompt(ego_state, command, target), "detection": detection_prompt()}
         prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
         cfg = with_budget(self.config, tasks)
-        result, texts = self._decode(prompts, images, cfg, tasks, ego_state)
+        rows = DecodeRows.for_candidates(tasks, n, sampling, cfg.seed) if n > 1 else None
+        extra = {} if rows is None else {"rows": rows}  # one answer per prompt: the call it always was
+        result, texts = self._decode(prompts, images, cfg, tasks, ego_state, **extra)
         plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(tasks, texts)))
-        for row, (task, text, finished) in enumerate(zip(tasks, texts, result.finished)):
-            if not finished:
-                plan.errors[task] = f"truncated: no end of answer within {cfg.max_new_tokens} tokens"
+        probs = result.token_probs or [None] * len(texts)
+        for row, task in enumerate(tasks):
+            if task == "detection":
+                self._detections(plan, images[0], row, texts[row], result, cfg.max_new_tokens)
                 continue
-            if task == "planning":
-                parsed = parse_trajectory(text)
-                if isinstance(parsed, ParseError):
-                    plan.errors[task] = str(parsed)
-                else:
-                    plan.trajectory, plan.valid = parsed, True
-            else:
-                height, width = images[0].shape[:2]
-                parsed = parse_detections(text, (width, height))
-                if isinstance(parsed, ParseError):
-                    plan.errors[task] = str(parsed)
-                else:
-                    probs = result.token_probs[row] if result.token_probs is not None else None
-                    plan.detections = score_detections(parsed, text, result.token_ids[row], probs,
-                                                       self.processor.tokenizer)
+            plan_rows = rows.candidate_rows() if rows is not None else [row]
+            plan.candidates = [answer_candidate(k, texts[r], result.finished[r], probs[r], cfg.max_new_tokens)
+                               for k, r in enumerate(plan_rows)]
+            plan.trajectory, plan.valid = plan.candidates[0].trajectory, plan.candidates[0].valid
+            if plan.candidates[0].error is not None:
+                plan.errors["planning"] = plan.candidates[0].error
         plan.timings = {**result.timings, "plan_total": time.perf_counter() - start}
         plan.stats["decode"] = DecodeStats(tokens=result.tokens, forwards=result.forwards, timings=dict(result.timings))
         return plan
+
+    def _detections(self, plan: Plan, image: np.ndarray, row: int, text: str, result, budget: int) -> None:
+        """Parse row `row`'s detection answer into `plan.detections`, or its error into `plan.errors`."""
+        if not result.finished[row]:
+            plan.errors["detection"] = f"truncated: no end of answer within {budget} tokens"
+            return
+        height, width = image.shape[:2]
+        parsed = parse_detections(text, (width, height))
+        if isinstance(parsed, ParseError):
+            plan.errors["detection"] = str(parsed)
+            return
+        probs = result.token_probs[row] if result.token_probs is not None else None
+        plan.detections = score_detections(parsed, text, result.token_ids[row], probs, self.processor.tokenizer)
 
     def ask(self, images, question: str) -> Answer:
         """Answer a driving question about the camera images."""
@@ -196,4 +242,5 @@ class DrivingPolicy:
             torch.cuda.empty_cache()
 
 
-__all__ = ["DrivingPolicy", "POLICY_TASKS", "PolicySettingsError", "check_device_settings", "TASK_BUDGET", "TASKS", "check_tasks", "with_budget"]
+__all__ = ["DrivingPolicy", "POLICY_TASKS", "PolicySettingsError", "check_device_settings", "TASK_BUDGET", "TASKS", "check_tasks", "with_budget",
+           "answer_candidate", "check_candidate_settings"]

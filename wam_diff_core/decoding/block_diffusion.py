@@ -18,6 +18,7 @@ from .. import extensions
 from ..attention.block_mask import CLEAN, NOISY
 from ..model.processor import PromptBatch
 from ..model.runner import ModelRunner
+from .candidates import DecodeRows, RowSampler
 from .config import DecoderConfig
 from .constraint import TokenConstraint
 from .remasking import commit_mask, predict, step_count
@@ -43,7 +44,7 @@ def _settled(x: torch.Tensor, masked: torch.Tensor, done: torch.Tensor, eos_id: 
 
 @torch.inference_mode()
 def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int,
-             constraint: TokenConstraint | None = None) -> DecodeResult:
+             constraint: TokenConstraint | None = None, rows: DecodeRows | None = None) -> DecodeResult:
     """Decode answers for a batch of prompts (on the runner's device).
 
     With CUDA graphs or the FlashInfer backend the capture-ready "static" decoder an extension registers
@@ -51,32 +52,67 @@ def generate(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_i
     masks the logits of every step, on either path, and with `cfg.number_order` orders the commits of
     each number's characters; its kinematic envelope, when it has one, too (the static path masks with the
     block's start on the device, `KinematicEnvelope.apply_at`: the same logits). `cfg.text_layers` picks the
-    text layers on either path."""
-    if (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1:
+    text layers on either path.
+
+    `rows` (candidates, `decoding.candidates`): the prompts prefilled once and N answers of one of them decoded
+    as one batch, row i of the result answering prompt `rows.prompts[i]` (`constraint` then covers those rows),
+    the prompts' own rows greedy and token for token what they decode without `rows`. Eager path only, greedy
+    (`cfg.temperature` 0). The static decoder takes a batch of N rows as it is (its buffers and graphs are
+    captured per batch size: bucket by N), not yet the shared prefix or the per-row noise."""
+    static = (cfg.cuda_graphs or cfg.backend == "flashinfer") and cfg.fuse_commit and cfg.block_size > 1
+    if rows is not None and (static or cfg.temperature > 0):
+        raise ValueError(f"candidate rows decode on the eager path at temperature 0, got cuda_graphs="
+                         f"{cfg.cuda_graphs}, backend {cfg.backend!r}, temperature {cfg.temperature}")
+    if static:
         return extensions.decoder("static")(runner, batch, cfg, mask_id, eos_id, constraint)
     with runner.text_layers(cfg.text_layers):
-        return _generate_eager(runner, batch, cfg, mask_id, eos_id, constraint)
+        return _generate_eager(runner, batch, cfg, mask_id, eos_id, constraint, rows)
+
+
+def _prefill(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, rows: DecodeRows | None,
+             clock: PhaseClock):
+    """Vision and prefill into a new cache of one row per answer: (cache, last logits (rows, vocab), next
+    positions (rows,))."""
+    b, prompt_len = batch.input_ids.shape
+    n_rows = b if rows is None else len(rows.prompts)
+    cache = runner.new_cache(n_rows, prompt_len + (cfg.num_blocks + 1) * cfg.block_size)
+    vision = runner.encode_images(batch)
+    clock.lap("vision")
+    prev_logits, next_pos = runner.prefill(batch, cache, cfg.block_size, vision, None if rows is None else rows.prompts)
+    clock.lap("prefill")
+    return cache, prev_logits, next_pos
+
+
+def _commit_fused(runner: ModelRunner, cache, pending, x: torch.Tensor, pos: torch.Tensor, block_id: int):
+    """The first step of a block with the finished block `pending` (tokens, positions) prepended: writes it into
+    the cache; returns (its last logit (rows, vocab), the new block's hidden states (rows, B, hidden) or None
+    for B = 1)."""
+    b, B = x.shape
+    device = x.device
+    p_tokens, p_pos = pending
+    tokens, q_pos = (torch.cat([p_tokens, x], 1), torch.cat([p_pos, pos], 1)) if B > 1 else (p_tokens, p_pos)
+    q_block = torch.cat([_full(b, B, block_id - 1, device), _full(b, B, block_id, device)], 1)[:, : tokens.shape[1]]
+    q_kind = torch.cat([_full(b, B, CLEAN, device), _full(b, B, NOISY, device)], 1)[:, : tokens.shape[1]]
+    hidden = runner.forward_tokens(tokens, q_block, q_kind, cache, runner.rope(q_pos))
+    cache.advance(B)
+    return runner.logits(hidden[:, B - 1]), (hidden[:, B:] if B > 1 else None)
 
 
 def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int,
-                    constraint: TokenConstraint | None) -> DecodeResult:
+                    constraint: TokenConstraint | None, rows: DecodeRows | None = None) -> DecodeResult:
     device = runner.device
-    b, prompt_len = batch.input_ids.shape
     B, n_blocks = cfg.block_size, cfg.num_blocks
     padded = not bool(batch.attention_mask.all())
     generator = torch.Generator(device=device).manual_seed(cfg.seed) if cfg.temperature > 0 else None
+    sampler = RowSampler(rows, device) if rows is not None else None
     K = step_count(B, cfg.steps)
     dynamic = cfg.strategy == "low_confidence_dynamic"
     runner.forwards = 0
     clock = PhaseClock(device)
+    cache, prev_logits, next_pos = _prefill(runner, batch, cfg, rows, clock)
+    b = prev_logits.shape[0]
 
-    cache = runner.new_cache(b, prompt_len + (n_blocks + 1) * B)
-    vision = runner.encode_images(batch)
-    clock.lap("vision")
-    prev_logits, next_pos = runner.prefill(batch, cache, B, vision)
-    clock.lap("prefill")
-
-    first_block = -(-prompt_len // B)  # response block ids follow every prompt block
+    first_block = -(-batch.input_ids.shape[1] // B)  # response block ids follow every prompt block
     offsets = torch.arange(B, device=device)
     out = _full(b, cfg.answer_positions, eos_id, device)
     probs = torch.zeros((b, cfg.answer_positions), dtype=torch.float32, device=device)  # each token's, at its commit
@@ -93,14 +129,7 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
         for s in range(K):
             h = None
             if pending is not None:
-                p_tokens, p_pos = pending
-                tokens, q_pos = (torch.cat([p_tokens, x], 1), torch.cat([p_pos, pos], 1)) if B > 1 else (p_tokens, p_pos)
-                q_block = torch.cat([_full(b, B, block_id - 1, device), _full(b, B, block_id, device)], 1)[:, : tokens.shape[1]]
-                q_kind = torch.cat([_full(b, B, CLEAN, device), _full(b, B, NOISY, device)], 1)[:, : tokens.shape[1]]
-                hidden = runner.forward_tokens(tokens, q_block, q_kind, cache, runner.rope(q_pos))
-                cache.advance(B)
-                prev_logits = runner.logits(hidden[:, B - 1])
-                h = hidden[:, B:] if B > 1 else None
+                prev_logits, h = _commit_fused(runner, cache, pending, x, pos, block_id)
                 pending = None
             elif B > 1:
                 h = runner.forward_tokens(x, _full(b, B, block_id, device), _full(b, B, NOISY, device), cache, rope,
@@ -111,8 +140,12 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
             if constraint is not None:
                 answer = torch.cat([out[:, : j * B], x], 1) if constraint.envelope is not None else None
                 logits = constraint.apply(logits, j * B, answer)
-            pred, conf = predict(logits, cfg.temperature, generator, exclude=mask_id)
-            commit = commit_mask(conf, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains, cfg.schedule)
+            if sampler is None:
+                pred, conf = predict(logits, cfg.temperature, generator, exclude=mask_id)
+                rank = conf
+            else:
+                pred, conf, rank = sampler(logits, exclude=mask_id)
+            commit = commit_mask(rank, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains, cfg.schedule)
             x = torch.where(commit, pred, x)
             x_probs = torch.where(commit, conf, x_probs)
             masked = masked & ~commit

@@ -5,6 +5,10 @@ length and attends over everything up to the end of what it wrote; it does not e
 `advance(n)` keeps the first n written tokens: a denoising step keeps none (the next step overwrites
 them), a commit keeps the finished block. No copies, no reallocation, static storage.
 
+Shared prompts (`share_prompts`): a cache with more rows than prompts (candidate answers of one prompt) is filled
+by one prefill of the prompts alone; every row gets its prompt's keys and values (the prompts' own rows first, a
+broadcast into the other rows), and the prefill attends over the prompts' own rows only.
+
 Duck-types the part of transformers' Cache API the Qwen3-VL text layers use (`update`,
 `get_seq_length`).
 """
@@ -31,6 +35,7 @@ class BlockKVCache:
         self.max_len = max_len
         self.length = 0  # committed tokens (a host integer: the schedule is known, never read from the device)
         self._pending = 0
+        self._prompt_rows: torch.Tensor | None = None  # while sharing prompts: the prompt each row holds
 
     @classmethod
     def for_model(cls, model, batch: int, max_len: int) -> "BlockKVCache":
@@ -38,25 +43,36 @@ class BlockKVCache:
         param = next(model.parameters())
         return cls(layers, batch, kv_heads, head_dim, max_len, param.dtype, param.device)
 
+    def share_prompts(self, rows: torch.Tensor | None) -> None:
+        """From now until `share_prompts(None)`, forwards of the b prompts (batch b, into the empty cache) fill
+        every row: row r gets prompt rows[r]'s keys and values. rows: (batch,) long, rows[:b] = 0..b-1."""
+        if rows is not None and (self.length or rows.shape[0] != self.keys.shape[1]):
+            raise ValueError(f"sharing prompts needs an empty cache and one prompt index per row ({self.keys.shape[1]}), "
+                             f"got {self.length} tokens and {rows.shape[0]} indices")
+        self._prompt_rows = rows
+
+    def _write(self, store: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        """Write `src` (b, ..., n, ...) at the next n slots of `store` (batch, ..., max_len, ...); return the
+        stored rows a forward of batch b attends over (the prompts' own when sharing prompts)."""
+        end = self.length + src.shape[-2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {self.length} + {src.shape[-2]} tokens > capacity {self.max_len}")
+        b = src.shape[0]
+        store[:b, ..., self.length:end, :] = src
+        if self._prompt_rows is not None and store.shape[0] > b:
+            # one prompt: a broadcast, no temporary; several: one gathered copy
+            store[b:, ..., self.length:end, :] = src if b == 1 else src.index_select(0, self._prompt_rows[b:])
+        return store[:b, ..., :end, :]
+
     def stage(self, q_block: torch.Tensor, q_kind: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Record the block ids / kinds of the next forward's n tokens; return those of all its keys."""
-        n = q_block.shape[1]
-        end = self.length + n
-        if end > self.max_len:
-            raise ValueError(f"KV cache overflow: {self.length} + {n} tokens > capacity {self.max_len}")
-        self.block_ids[:, self.length:end] = q_block
-        self.kinds[:, self.length:end] = q_kind
-        self._pending = n
-        return self.block_ids[:, :end], self.kinds[:, :end]
+        self._pending = q_block.shape[1]
+        k_block = self._write(self.block_ids[..., None], q_block[..., None])
+        k_kind = self._write(self.kinds[..., None], q_kind[..., None])
+        return k_block[..., 0], k_kind[..., 0]
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, kwargs=None):
-        n = key.shape[2]
-        end = self.length + n
-        if end > self.max_len:
-            raise ValueError(f"KV cache overflow: {self.length} + {n} tokens > capacity {self.max_len}")
-        self.keys[layer_idx, :, :, self.length:end] = key
-        self.values[layer_idx, :, :, self.length:end] = value
-        return self.keys[layer_idx, :, :, :end], self.values[layer_idx, :, :, :end]
+        return self._write(self.keys[layer_idx], key), self._write(self.values[layer_idx], value)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length

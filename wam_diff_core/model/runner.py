@@ -14,7 +14,7 @@ same math with merged projections; built once per kind and kept, with copies of 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -72,24 +72,36 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, batch: PromptBatch, cache: BlockKVCache, block_size: int,
-                vision: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                vision: Optional[dict] = None, rows: Optional[Sequence[int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill left-padded prompts with blocks of `block_size`. Returns (last-position logits
-        (batch, vocab), next text position per sample (batch,))."""
+        (batch, vocab), next text position per sample (batch,)).
+
+        `rows`: the prompt each cache row answers (the prompts' own rows 0..b-1 first, then extra rows, e.g.
+        candidates of one prompt): the prompts run once, batch b, and every row of the cache gets its prompt's
+        keys and values (`BlockKVCache.share_prompts`); logits and positions are returned per row."""
+        index = None if rows is None else torch.tensor(list(rows), dtype=torch.long, device=self.device)
         positions, _ = self.model.model.get_rope_index(
             batch.input_ids, batch.mm_token_type_ids, image_grid_thw=batch.image_grid_thw,
             attention_mask=batch.attention_mask.long(),
         )
         q_block, q_kind = prompt_layout(batch.attention_mask, block_size)
-        k_block, k_kind = cache.stage(q_block, q_kind)
-        spec = BlockSpec(q_block, q_kind, k_block, k_kind)
-        out = self.model.model(
-            input_ids=batch.input_ids, position_ids=positions, cache=cache, mm_encoder_outputs=vision,
-            use_cache=True, block_spec=spec,
-        )
+        cache.share_prompts(index)
+        try:
+            k_block, k_kind = cache.stage(q_block, q_kind)
+            spec = BlockSpec(q_block, q_kind, k_block, k_kind)
+            out = self.model.model(
+                input_ids=batch.input_ids, position_ids=positions, cache=cache, mm_encoder_outputs=vision,
+                use_cache=True, block_spec=spec,
+            )
+        finally:
+            cache.share_prompts(None)
         cache.advance(batch.input_ids.shape[1])
         self.forwards += 1
         next_pos = positions.amax(dim=(0, 2)) + 1
-        return self.lm_head(out.last_hidden_state[:, -1]), next_pos
+        logits = self.lm_head(out.last_hidden_state[:, -1])
+        if index is None:
+            return logits, next_pos
+        return logits.index_select(0, index), next_pos.index_select(0, index)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary (cos, sin) for text positions (batch, n): equal t/h/w positions."""
