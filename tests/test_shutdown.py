@@ -230,3 +230,18 @@ def test_soak_record_and_table_show_rss_growth_from_warm_up_lost_frames_latency_
     assert "plans/s" in header and "RSS MiB start/warm/end" in header and "RSS growth" in header
     assert row.split()[4:] == ["200", "4", "0.20", "6", "10", "250", "385", "50", "430/440/462", "+5.0%"]
     assert note.startswith("RSS: when active, after 100 frames (warm)")
+
+
+def test_latency_probe_runs_the_node_as_configured_with_only_the_decoding_overrides_given():
+    from wam_diff_ros.latency_probe import build_parser, planner_command
+
+    shipped = planner_command(build_parser().parse_args([]), "/probe")
+    files = [shipped[i + 1] for i, arg in enumerate(shipped) if arg == "--params-file"]
+    assert len(files) == 1 and files[0].endswith("config/planner.yaml")
+    assert not any(arg.startswith(("block_size:=", "denoising_steps:=", "remasking_threshold:=")) for arg in shipped)
+    custom = planner_command(build_parser().parse_args(["--steps", "4", "--threshold", "0.9", "--params-file", "a.yaml",
+                                                        "--params-file", "b.yaml"]), "/probe")
+    assert [custom[i + 1] for i, arg in enumerate(custom) if arg == "--params-file"] == ["a.yaml", "b.yaml"]
+    assert "denoising_steps:=4" in custom and "remasking_threshold:=0.9" in custom
+    assert not any(arg.startswith("block_size:=") for arg in custom)
+    assert custom.index("--params-file") < custom.index("denoising_steps:=4")  # the overrides come last

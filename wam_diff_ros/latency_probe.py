@@ -28,6 +28,8 @@ from tqdm import tqdm
 from wam_diff_core.console import console_main
 from wam_diff_core.constants import SHIPPED_MODEL
 
+from .demo import config_file
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -54,8 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="frames after which the node's RSS is the warm-up figure that growth is measured from")
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--params-file", action="append", default=None,
+                        help="planner parameter YAML (default config/planner.yaml: the node as shipped); repeatable")
+    parser.add_argument("--block-size", type=int, default=0, help="B on top of the parameter files (0 = theirs)")
+    parser.add_argument("--steps", type=int, default=0, help="K on top of the parameter files (0 = theirs)")
+    parser.add_argument("--threshold", type=float, default=0.0,
+                        help="remasking threshold on top of the parameter files (0 = theirs)")
     parser.add_argument("--max-new-tokens", type=int, default=0, help="0 = the policy's default budget")
     parser.add_argument("--planner-rate", type=float, default=0.0, help="planner rate_hz (0 = as fast as it runs)")
     parser.add_argument("--reliable", action="store_true",
@@ -65,11 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def planner_settings(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The planner's parameter files and the decoding overrides (`name:=value`) the command line lays on top."""
+    files = args.params_file if args.params_file is not None else [str(config_file("planner.yaml"))]
+    decoding = {"block_size": args.block_size, "denoising_steps": args.steps, "remasking_threshold": args.threshold}
+    return files, [f"{name}:={value}" for name, value in decoding.items() if value]
+
+
 def planner_command(args: argparse.Namespace, ns: str) -> list[str]:
     """The planner node as its own process in namespace `ns`, listening to the probe's camera."""
+    files, overrides = planner_settings(args)
     return [sys.executable, "-m", "wam_diff_ros.planner_node", "--ros-args", "-r", f"__ns:={ns}",
+            *[arg for path in files for arg in ("--params-file", path)],
             "-p", f"model:={args.model}", "-p", f"device:={args.device}", "-p", "autostart:=true",
-            "-p", f"block_size:={args.block_size}", "-p", f"denoising_steps:={args.steps}",
+            *[arg for value in overrides for arg in ("-p", value)],
             "-p", f"max_new_tokens:={args.max_new_tokens}", "-p", f"rate_hz:={float(args.planner_rate)}",
             "-p", "camera_topics:=[camera/image_raw]", "-p", "warmup:=true",
             "-p", f"image_reliability:={'reliable' if args.reliable else 'best_effort'}"]
@@ -235,7 +250,8 @@ def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_
     diag = rec.last_diag
     return {
         "model": args.model, "device": args.device, "image": f"{args.width}x{args.height} rgb8",
-        "camera_hz": args.rate, "block_size": args.block_size, "steps": args.steps,
+        "camera_hz": args.rate, "params_files": planner_settings(args)[0],
+        "decoding_overrides": planner_settings(args)[1],
         "frames_published": args.frames, "plans_received": len(rec.latencies), "plans_valid": rec.valid,
         "frames_not_planned": args.frames - len(rec.latencies),
         # of those: lost before the node's callback (transport, best effort) vs dropped by the node
