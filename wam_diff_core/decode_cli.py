@@ -9,6 +9,7 @@ from .constants import NAV_COMMANDS, SHIPPED_MODEL
 from .decoding.options import add_decoding_arguments, decoding_arguments
 from .errors import UsageError
 from .policy import POLICY_TASKS, DrivingPolicy
+from .scoring.planner import CandidatePlanner, add_candidate_arguments, candidate_arguments
 from .types import EgoState, check_route_target
 
 
@@ -32,6 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--target", default=None, metavar="X,Y",
                         help="route target point, metres in the ego frame (x forward, y left); stated to checkpoints "
                              "trained with route targets (wam_diff.json route_target), ignored by others")
+    add_candidate_arguments(parser)
 
 
 def parse_target(text: str | None) -> tuple[float, float] | None:
@@ -56,6 +58,19 @@ def load_image(path: str | None) -> np.ndarray:
         raise UsageError(f"--image {path}: cannot read an image ({exc})") from None
 
 
+def candidates_to_json(plan, scores=None) -> list[dict]:
+    """Every candidate of a plan: index, validity, trajectory or error, mean token log-probability, and its score
+    when a scorer ranked them (None for an invalid one)."""
+    out = []
+    for c in plan.candidates:
+        row = {"index": c.index, "valid": c.valid, "trajectory": None if c.trajectory is None else c.trajectory.tolist(),
+               "logprob": round(float(c.logprob), 4), "error": c.error}
+        if scores is not None:
+            row["score"] = round(float(scores[c.index]), 4) if np.isfinite(scores[c.index]) else None
+        out.append(row)
+    return out
+
+
 def plan_to_json(plan) -> dict:
     return {
         "valid": plan.valid,
@@ -73,8 +88,16 @@ def plan_to_json(plan) -> dict:
 
 def run(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    policy = DrivingPolicy.load(args.model, device=args.device, tasks=tasks, **decoding_arguments(args))
-    plan = policy.plan([load_image(args.image)], EgoState(args.vx, args.vy, args.ax, args.ay), args.command,
-                       target=parse_target(args.target))
-    print(json.dumps(plan_to_json(plan), indent=2))
+    decoding = decoding_arguments(args)
+    settings = candidate_arguments(args, has_world=False, where="wam-diff decode", decoding=decoding)
+    target = parse_target(args.target)
+    image = load_image(args.image)
+    policy = DrivingPolicy.load(args.model, device=args.device, tasks=tasks, **decoding)
+    planner = CandidatePlanner(policy, **settings, where="wam-diff decode")
+    plan = planner.plan([image], EgoState(args.vx, args.vy, args.ax, args.ay), args.command, target=target)
+    out = plan_to_json(plan)
+    if settings:
+        out.update({**planner.settings(), "chosen": plan.chosen, "score": plan.score,
+                    "candidate_list": candidates_to_json(plan, planner.last_scores)})
+    print(json.dumps(out, indent=2))
     return 0

@@ -50,9 +50,15 @@ def duration(seconds: float) -> Duration:
 
 
 def trajectory_msg(plan: Plan, header: Header, command: str, block_size: int, steps: int,
-                   decode_time_s: float) -> Trajectory:
+                   decode_time_s: float, scorer: str = "") -> Trajectory:
+    """The Trajectory of a plan: its waypoints (or why there are none), the decoding it came from, and which of its
+    candidates it is (`candidates` drawn, `candidate_index`, `candidate_score`: NaN unless `scorer` ranked them)."""
     msg = Trajectory(header=header, valid=bool(plan.valid and plan.trajectory is not None), command=command,
                      block_size=int(block_size), denoising_steps=int(steps), decode_time_s=float(decode_time_s))
+    msg.candidates = max(len(plan.candidates), 1)
+    msg.candidate_index = int(plan.chosen)
+    msg.candidate_score = float("nan") if plan.score is None else float(plan.score)
+    msg.scorer = str(scorer) if plan.score is not None else ""
     msg.raw_text = str(plan.raw_text.get("planning", "")) if plan.raw_text else ""
     if msg.valid:
         msg.points = [TrajectoryPoint(pose=pose, time_from_start=duration((k + 1) * WAYPOINT_DT_S))
@@ -86,14 +92,43 @@ def detections_msg(detections: Optional[Sequence[Detection]], header: Header) ->
     return out
 
 
+CANDIDATE_LINE_M = 0.05  # candidates are drawn thin beside the published plan's 0.15 m line
+CANDIDATE_COLOR = ColorRGBA(r=0.3, g=0.6, b=1.0, a=0.6)
+
+
+def _path_points(trajectory) -> list[Point]:
+    return [Point(x=0.0, y=0.0, z=0.0)] + [p.position for p in waypoint_poses(trajectory)]
+
+
+def candidate_markers(plan: Plan, header: Header, ns: str = "wam_diff") -> list[Marker]:
+    """One thin line strip per candidate of a plan drawn with several (namespace `<ns>/candidates`, id = the
+    candidate's index), a DELETE for an invalid one; none for a plan of one candidate."""
+    if len(plan.candidates) < 2:
+        return []
+    out = []
+    for c in plan.candidates:
+        m = Marker(header=header, ns=f"{ns}/candidates", id=int(c.index), type=Marker.LINE_STRIP)
+        if c.trajectory is None:
+            m.action = Marker.DELETE
+        else:
+            m.action = Marker.ADD
+            m.pose.orientation.w = 1.0
+            m.scale.x = CANDIDATE_LINE_M
+            m.color = CANDIDATE_COLOR
+            m.points = _path_points(c.trajectory)
+        out.append(m)
+    return out
+
+
 def marker_array_msg(plan: Plan, header: Header, ns: str = "wam_diff") -> MarkerArray:
-    """A line strip and spheres along the plan (green), or a DELETE of both when the plan is invalid."""
+    """A line strip and spheres along the plan (green), or a DELETE of both when the plan is invalid; with
+    candidates, a thin line per candidate after them (`candidate_markers`)."""
     line = Marker(header=header, ns=f"{ns}/trajectory", id=0, type=Marker.LINE_STRIP)
     dots = Marker(header=header, ns=f"{ns}/waypoints", id=1, type=Marker.SPHERE_LIST)
     if not (plan.valid and plan.trajectory is not None):
         line.action = dots.action = Marker.DELETE
-        return MarkerArray(markers=[line, dots])
-    points = [Point(x=0.0, y=0.0, z=0.0)] + [p.position for p in waypoint_poses(plan.trajectory)]
+        return MarkerArray(markers=[line, dots] + candidate_markers(plan, header, ns))
+    points = _path_points(plan.trajectory)
     color = ColorRGBA(r=0.1, g=0.9, b=0.2, a=1.0)
     for marker, scale in ((line, 0.15), (dots, 0.4)):
         marker.action = Marker.ADD
@@ -102,7 +137,7 @@ def marker_array_msg(plan: Plan, header: Header, ns: str = "wam_diff") -> Marker
         marker.color = color
     line.points = points
     dots.points = points[1:]
-    return MarkerArray(markers=[line, dots])
+    return MarkerArray(markers=[line, dots] + candidate_markers(plan, header, ns))
 
 
 def diagnostics_msg(stamp, name: str, hardware_id: str, level: bytes, message: str,

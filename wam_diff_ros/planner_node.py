@@ -63,8 +63,8 @@ from .input_checks import command_text, odometry_sample, question_text, route_ta
 from .lifecycle_transitions import TransitionFailure, serialize_change_state, transition
 from .plan_messages import detections_msg, diagnostics_msg, marker_array_msg, path_msg, trajectory_msg
 from .planner_diagnostics import ERROR_LOG_PERIOD_S, INPUT_ERROR_KINDS, ErrorThrottle, hardware_id, planner_status
-from .planner_parameters import (PARAMETERS, RUNTIME_PARAMETERS, ParameterError, as_declared_type, check_value,
-                                 descriptor, image_limits, read_config)
+from .planner_parameters import (PARAMETERS, RUNTIME_PARAMETERS, ParameterError, as_declared_type,
+                                 check_candidates_fit, check_value, descriptor, image_limits, read_config)
 from .planner_stats import PlannerStats
 from .planning_worker import PlanningWorker
 from .policy_loading import PolicySettings, close_policy, load_policy  # noqa: F401 - PolicySettings: the node's API
@@ -82,6 +82,18 @@ def ns_to_stamp(ns: int) -> Time:
 
 def plan_period_s(rate_hz: float) -> float:
     return 1.0 / rate_hz if rate_hz > 0 else 0.0
+
+
+CANDIDATE_PARAMETERS = frozenset({"candidates", "scorer", "candidate_sampling"})
+
+
+def candidate_planner(policy, cfg: dict):
+    """The CandidatePlanner the node plans through: `candidates` per frame set drawn by `candidate_sampling`, the
+    published one picked by `scorer` ('' = none: candidate 0); candidates 1 is the policy's own plan call."""
+    from wam_diff_core.scoring.planner import CandidatePlanner  # the core engine loads with the policy
+
+    return CandidatePlanner(policy, cfg["candidates"], cfg["scorer"] or None, cfg["candidate_sampling"],
+                            where="a ROS node")
 
 
 class PlannerNode(LifecycleNode):
@@ -109,6 +121,7 @@ class PlannerNode(LifecycleNode):
         self._subs: list = []
         self._service = None
         self._latest: Optional[tuple[FrameSet, float]] = None
+        self._planner = None  # the CandidatePlanner over the active policy (candidates, scorer, candidate_sampling)
         self._odom_lock = threading.Lock()
         self._ego_motion = EgoMotion()
         self._command = "follow lane"
@@ -211,6 +224,7 @@ class PlannerNode(LifecycleNode):
             self._sync = ApproximateTimeSync(len(cfg["camera_topics"]), cfg["sync_slop_s"])
             self._worker = PlanningWorker(self._plan, self._ask, lambda text: self._report_error(text, "worker"),
                                           plan_period_s(cfg["rate_hz"]), name="wam_diff_planning")
+            self._planner = candidate_planner(policy, cfg)
             self.policy = policy
         self._worker.start()
         result = super().on_activate(state)  # enables the lifecycle publishers before a frame can arrive
@@ -253,6 +267,7 @@ class PlannerNode(LifecycleNode):
         with self._output_lock:
             worker, self._worker = self._worker, None
             policy, self.policy = self.policy, None
+            self._planner = None
         stopped = worker.stop(timeout_s) if worker is not None else True
         if policy is None:
             return
@@ -334,7 +349,7 @@ class PlannerNode(LifecycleNode):
     def _check_parameters(self, params) -> SetParametersResult:
         """The on-set callback: refuse a runtime parameter's bad value with a reason naming it (rclpy itself
         refuses read-only parameters, wrong types and values out of a descriptor's range)."""
-        limits = {}
+        limits, candidates = {}, {}
         for param in params:
             if param.name not in RUNTIME_PARAMETERS:
                 continue
@@ -344,6 +359,14 @@ class PlannerNode(LifecycleNode):
                 return SetParametersResult(successful=False, reason=str(exc))
             if param.name.startswith("max_image_"):
                 limits[param.name] = value
+            if param.name == "candidates":
+                candidates[param.name] = value
+        if candidates:
+            names = ("candidates", "cuda_graphs", "attention_backend")
+            try:
+                check_candidates_fit({**{n: self.get_parameter(n).value for n in names}, **candidates})
+            except ParameterError as exc:
+                return SetParametersResult(successful=False, reason=str(exc))
         if limits:
             names = ("max_image_bytes", "max_image_side", "max_image_pixels")
             current = {n: self.get_parameter(n).value for n in names}
@@ -371,6 +394,14 @@ class PlannerNode(LifecycleNode):
             self._cfg = cfg  # callbacks read self._cfg once per message: a whole old or a whole new one
             if self._worker is not None and "rate_hz" in changed:
                 self._worker.min_period_s = plan_period_s(cfg["rate_hz"])
+            if self.policy is not None and CANDIDATE_PARAMETERS & set(changed):
+                try:
+                    self._planner = candidate_planner(self.policy, cfg)  # the next frame set plans with it
+                except WamDiffError as exc:  # the policy's own settings refuse them: keep planning as before
+                    self._report_error(f"candidate settings not applied: {exc}", "parameters")
+                    return
+                if "candidates" in changed:
+                    self._clear_markers()  # no candidate of the old count stays drawn
         self.get_logger().info("applied " + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
 
     # ------------------------------------------------------------------ inputs (executor threads)
@@ -484,7 +515,7 @@ class PlannerNode(LifecycleNode):
 
         blank = [np.full((224, 224, 3), 128, np.uint8)] * len(cfg["camera_topics"])
         try:
-            policy.plan(blank, EgoState(0.0), self._command, tasks=cfg["tasks"])
+            candidate_planner(policy, cfg).plan(blank, EgoState(0.0), self._command, tasks=cfg["tasks"])
         except Exception as exc:  # noqa: BLE001
             self.get_logger().warning(f"warm-up plan failed: {type(exc).__name__}: {exc}")
 
@@ -492,14 +523,15 @@ class PlannerNode(LifecycleNode):
         frame_set, received = job
         with self._odom_lock:
             ego = self._ego_motion.state
-        command, cfg, policy = self._command, self._cfg, self.policy
-        if policy is None:
+        command, cfg, policy, planner = self._command, self._cfg, self.policy, self._planner
+        if policy is None or planner is None:
             return
         target = self._target_for(frame_set.stamp_ns)
         t0 = time.perf_counter()
         failed = False
         try:
-            plan = policy.plan([f.frame for f in frame_set.frames], ego, command, tasks=cfg["tasks"], target=target)
+            plan = planner.plan([f.frame for f in frame_set.frames], ego, command, target=target, tasks=cfg["tasks"],
+                                time_s=frame_set.stamp_ns * 1e-9)
         except Exception as exc:  # noqa: BLE001 - bad inputs for the model must not end planning
             # still answer the frame (an invalid Trajectory naming the error): closed loops wait for it
             failed = True
@@ -526,7 +558,8 @@ class PlannerNode(LifecycleNode):
         decoding = getattr(policy, "config", None)  # the policy's effective B and K (parameters 0: its checkpoint's)
         pubs["trajectory"].publish(trajectory_msg(plan, ego_header, command,
                                                   getattr(decoding, "block_size", cfg["block_size"]),
-                                                  getattr(decoding, "steps", cfg["denoising_steps"]), policy_s))
+                                                  getattr(decoding, "steps", cfg["denoising_steps"]), policy_s,
+                                                  cfg["scorer"]))
         pubs["path"].publish(path_msg(plan, ego_header))
         pubs["markers"].publish(marker_array_msg(plan, ego_header))
         if "detection" in cfg["tasks"]:
@@ -574,6 +607,11 @@ class PlannerNode(LifecycleNode):
                       model_uses_route_target=str(getattr(self.policy, "uses_route_target", "unknown")).lower(),
                       trained_frame_size="x".join(map(str, self._trained_frame)) if self._trained_frame else "unknown",
                       frame_size=",".join("x".join(map(str, v)) for _, v in sizes) or "none yet")
+        planner = self._planner
+        if planner is not None and planner.candidates > 1:
+            stats = planner.stats
+            values.update(candidates=planner.candidates, scorer=planner.scorer_name or "none",
+                          candidate_wins_not_greedy=stats.non_greedy_wins, candidates_invalid=stats.invalid_candidates)
         off_size = [(c, v) for c, v in sizes if self._trained_frame is not None and v != self._trained_frame]
         level, message = planner_status(state, self.stats.in_error, values["last_error"],
                                         int(values["plans_published"]),

@@ -30,6 +30,11 @@ from .policy_loading import PolicySettings
 # Tasks answered on every frame set; QA is asked through the AskQuestion service instead.
 PLAN_TASKS = tuple(t for t in TASKS if t != "qa")
 RELIABILITY = ("best_effort", "reliable")
+# The candidate settings as names (wam_diff_core.scoring.registry.SCORERS less the world's oracle, and
+# decoding.candidates.SAMPLING_METHODS; tested equal): the core's modules import torch, the node loads it on activate
+SCORER_CHOICES = ("", "perception", "likelihood")
+SAMPLING_CHOICES = ("tokens", "order")
+MAX_CANDIDATES = 16
 
 
 class ParameterError(WamDiffError, ValueError):
@@ -72,6 +77,15 @@ PARAMETERS: dict[str, Spec] = {
                              "'' (the checkpoint's own)", choices=("", "on", "off")),
     "tasks": Spec(["planning"], f"tasks run on every frame set, a non-empty subset of {list(PLAN_TASKS)}",
                   runtime=True),
+    "candidates": Spec(1, "candidate trajectories per frame set, decoded as one batch from one prefill (1 = the "
+                          "greedy plan alone; more: eager decoding, no CUDA graphs or FlashInfer)", runtime=True,
+                       bounds=(1, MAX_CANDIDATES)),
+    "scorer": Spec("", "picks the published candidate: perception (the model's own detections, read as top-down "
+                       "frames; adds the detection task), likelihood (the model's token log-probability), '' = "
+                       "candidate 0, the greedy plan (docs/scoring.md)", runtime=True, choices=SCORER_CHOICES),
+    "candidate_sampling": Spec("tokens", "how candidates 1..N-1 are drawn: tokens sampled at temperature 1, or the "
+                                         "greedy tokens committed in a noisy order", runtime=True,
+                               choices=SAMPLING_CHOICES),
     "camera_topics": Spec(["/camera/image_raw"], "camera topics in prompt order; '/compressed' suffix = "
                                                  "CompressedImage"),
     "image_reliability": Spec("best_effort", "camera QoS reliability (depth is always 1)", choices=RELIABILITY),
@@ -144,6 +158,9 @@ def check_value(name: str, value):
     """`value` checked against `name`'s contract, as the node uses it (lists -> tuples of str for tasks and
     camera topics); raises ParameterError naming the parameter, the value and what was expected."""
     spec = PARAMETERS[name]
+    if name == "scorer" and isinstance(value, str) and value.strip().lower() == "oracle":
+        raise ParameterError("scorer 'oracle' reads the embedded world's true vehicles and lanes; a ROS node has no "
+                             "world: use perception or likelihood")
     if spec.bounds is not None:
         low, high = spec.bounds
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
@@ -172,10 +189,20 @@ def check_value(name: str, value):
     return float(value) if isinstance(spec.default, float) else value
 
 
+def check_candidates_fit(cfg: dict) -> None:
+    """Raise ParameterError when `cfg` asks for candidates > 1 on a path that cannot draw them (CUDA graphs,
+    FlashInfer: candidates decode on the eager path)."""
+    if cfg["candidates"] > 1 and (cfg["cuda_graphs"] or cfg["attention_backend"] == "flashinfer"):
+        raise ParameterError(f"candidates {cfg['candidates']} decode on the eager path: expected cuda_graphs false and "
+                             f"attention_backend sdpa or flex, got cuda_graphs {cfg['cuda_graphs']}, attention_backend "
+                             f"{cfg['attention_backend']!r}")
+
+
 def read_config(values: dict) -> dict:
     """Every parameter checked (check_value) from `values` (name -> value), plus the derived settings the node uses:
     `image_limits` (ImageLimits) and `policy` (PolicySettings). Raises ParameterError for the first bad value."""
     cfg = {name: check_value(name, values[name]) for name in PARAMETERS}
+    check_candidates_fit(cfg)
     cfg["image_limits"] = image_limits(cfg)
     cfg["policy"] = PolicySettings(
         model=cfg["model"], device=cfg["device"], dtype=cfg["dtype"], attention_backend=cfg["attention_backend"],

@@ -99,7 +99,7 @@ class _Plans:
             if self.pending is None and k - self.request_tick >= self.replan_every:
                 t0 = time.perf_counter()
                 p = safe_plan(self.policy, [tick.frame] if tick.frame is not None else [], tick.ego, tick.command,
-                              tick.route_target)
+                              tick.route_target, tick)
                 wall = time.perf_counter() - t0
                 self.plan_time += wall
                 lag = latency_ticks(wall, self.dt) if self.realtime and self.request_tick >= 0 else 0
@@ -270,6 +270,9 @@ def _route_record(route: Route, policy, world, tick, status: str, trace: _Trace,
         "plan_s": round(plans.plan_time, 3),
         "plans": len(plans.latencies),
     }
+    planner = getattr(policy, "planner", None)  # a learned policy's CandidatePlanner: this route's counts (bind resets)
+    if planner is not None:
+        rec["candidates"] = {**planner.settings(), **planner.stats.as_dict()}
     if plans.realtime:
         lat = plans.latencies
         rec["realtime"] = {"latency_ticks_mean": round(float(np.mean(lat)), 3) if lat else 0.0,
@@ -282,11 +285,12 @@ def _route_record(route: Route, policy, world, tick, status: str, trace: _Trace,
 
 
 def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video: bool, frame_size, replan_every: int,
-            decoding: Optional[dict] = None, realtime: bool = False, stale_after_s: Optional[float] = None) -> dict:
+            decoding: Optional[dict] = None, realtime: bool = False, stale_after_s: Optional[float] = None,
+            candidates: Optional[dict] = None) -> dict:
     from .policies import cached_policy
 
     route = Route(**route_dict)
-    rec = run_route(route, cached_policy(policy_spec, device, decoding), out_dir=Path(out_dir), video=video,
+    rec = run_route(route, cached_policy(policy_spec, device, decoding, candidates), out_dir=Path(out_dir), video=video,
                     frame_size=frame_size, replan_every=replan_every, realtime=realtime,
                     stale_after_s=stale_after_s)
     path = Path(out_dir) / "routes" / f"{route.route_id}.json"
@@ -298,10 +302,11 @@ def _worker(route_dict: dict, policy_spec: str, device: str, out_dir: str, video
 def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: int = 1, video_ids=(),
                 frame_size=FRAME_SIZE, replan_every: int = 1, device: str = "cpu", resume: bool = False,
                 progress: bool = True, decoding: Optional[dict] = None, realtime: bool = False,
-                stale_after_s: Optional[float] = None) -> dict:
+                stale_after_s: Optional[float] = None, candidates: Optional[dict] = None) -> dict:
     """Run routes (in `workers` processes), write per-route JSON and summary.json; return the summary.
     `decoding`: DecoderConfig fields a learned policy decodes with on top of its checkpoint's own
-    (`resolve_decoding`; recorded in the summary as policy_overrides)."""
+    (`resolve_decoding`; recorded in the summary as policy_overrides); `candidates`: a learned policy's candidate
+    settings ({"candidates": N, "scorer": NAME, "sampling": METHOD}; `candidate_summary`)."""
     out_dir = Path(out_dir)
     (out_dir / "routes").mkdir(parents=True, exist_ok=True)
     records, todo = [], []
@@ -313,7 +318,7 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
             todo.append(r)
     t0 = time.perf_counter()
     args = [(r.to_dict(), policy_spec, device, str(out_dir), r.route_id in set(video_ids), tuple(frame_size), replan_every,
-             decoding or None, realtime, stale_after_s) for r in todo]
+             decoding or None, realtime, stale_after_s, candidates or None) for r in todo]
     records += [rec for rec in route_jobs(_worker, args, workers, desc=f"drive {policy_spec}" if progress else None,
                                           total=len(routes))
                 if rec is not None]
@@ -331,12 +336,34 @@ def drive_suite(routes: list[Route], policy_spec: str, out_dir: Path, workers: i
         "plans": int(sum(r.get("plans", 0) for r in records)),
         "invalid_plans": int(sum(r.get("invalid_plans", 0) for r in records)),
         "videos": sorted(r["video"] for r in records if r.get("video")),
+        "ms_per_plan": _ms_per_plan(records),
     })
+    if candidates:
+        summary["candidates"] = candidate_summary(records, candidates)
     if realtime:
         lags = [r["realtime"]["latency_ticks_mean"] for r in records if r.get("realtime")]
         summary["latency_ticks_mean"] = round(float(np.mean(lags)), 3) if lags else None
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _ms_per_plan(records: list[dict]) -> Optional[float]:
+    """Mean wall time of a policy call over every plan of the records, milliseconds (None without plans)."""
+    plans = sum(r.get("plans", 0) for r in records)
+    return round(1000.0 * sum(r.get("plan_s", 0.0) for r in records) / plans, 2) if plans else None
+
+
+def candidate_summary(records: list[dict], settings: dict) -> dict:
+    """The candidate settings and, over the routes' records, how often a candidate other than 0 won, the invalid
+    candidates dropped, and the time scoring took per plan."""
+    counts = [r["candidates"] for r in records if r.get("candidates")]
+    total = {k: sum(c.get(k, 0) for c in counts) for k in ("plans", "scored", "non_greedy_wins", "candidates_drawn",
+                                                            "invalid_candidates", "score_s")}
+    plans = max(total["plans"], 1)
+    return {**settings, **{k: v for k, v in total.items() if k != "score_s"},
+            "non_greedy_share": round(total["non_greedy_wins"] / plans, 4),
+            "invalid_share": round(total["invalid_candidates"] / max(total["candidates_drawn"], 1), 4),
+            "score_ms_per_plan": round(1000.0 * total["score_s"] / plans, 2)}
 
 
 # ---------------------------------------------------------------- CLI
@@ -363,6 +390,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="keep routes already written in OUT/routes")
     add_progress_argument(parser)
     add_decoding_arguments(parser)
+    from ..scoring.planner import add_candidate_arguments  # torch: a learned policy's settings
+
+    add_candidate_arguments(parser)
 
 
 def run(args) -> int:
@@ -374,14 +404,27 @@ def run(args) -> int:
         routes, _ = with_seed_offsets(routes, parse_seed_offsets(args.seed_offsets))
     except ValueError as exc:
         raise UsageError(f"--seed-offsets: {exc}")
+    from ..scoring.planner import candidate_arguments
+    from .policies import BASELINES
+
+    decoding = decoding_arguments(args)
+    candidates = candidate_arguments(args, has_world=True, where="wam-diff drive", decoding=decoding)
+    if candidates and args.policy in BASELINES:
+        raise UsageError(f"--candidates/--scorer: the {args.policy} baseline draws no candidates; give a checkpoint")
     w, h = resolve_frame_size(args.frame_size, args.policy)
     video_ids = [routes[0].route_id] if args.video == "first" else [v for v in args.video.split(",") if v]
     summary = drive_suite(routes, args.policy, Path(args.out), workers=args.workers, video_ids=video_ids,
                           frame_size=(w, h), replan_every=args.replan_every, device=args.device, resume=args.resume,
-                          progress=not args.no_progress, decoding=decoding_arguments(args), realtime=args.realtime,
-                          stale_after_s=args.stale_after_s)
+                          progress=not args.no_progress, decoding=decoding, realtime=args.realtime,
+                          stale_after_s=args.stale_after_s, candidates=candidates)
     print(bench2drive.format_table(summary))
-    print(f"wall {summary['wall_s']:.1f} s, plans {summary['plans']}, invalid plans {summary['invalid_plans']}")
+    print(f"wall {summary['wall_s']:.1f} s, plans {summary['plans']}, invalid plans {summary['invalid_plans']}, "
+          f"{summary['ms_per_plan']} ms per plan")
+    if candidates:
+        c = summary["candidates"]
+        print(f"candidates {c['candidates']} ({c['sampling']}), scorer {c['scorer']}: a candidate other than 0 won "
+              f"{c['non_greedy_wins']} of {c['plans']} plans, {c['invalid_candidates']} of {c['candidates_drawn']} "
+              f"candidates invalid (dropped), scoring {c['score_ms_per_plan']} ms per plan")
     if args.realtime:
         print(f"realtime: plans arrived {summary['latency_ticks_mean']} ticks (10 Hz) after their frame "
               "(the mean over routes of each route's mean)")

@@ -79,55 +79,90 @@ class ExpertPlanPolicy(ExpertPolicy):
 
 
 class LearnedPolicy:
-    """Adapter around wam_diff_core.policy.DrivingPolicy (frames in, trajectory out)."""
+    """Adapter around wam_diff_core.policy.DrivingPolicy (frames in, trajectory out). `candidates`: the
+    `scoring.planner.CandidatePlanner` settings {"candidates": N, "scorer": NAME or None, "sampling": METHOD}; unset
+    or N = 1: the policy's own plan.
+
+    With a scorer, the world states the route target on every junction route (`route_target_scenarios` left unset)
+    for the scorer's progress term, and the model is asked with it only on the route types its checkpoint learned
+    targets on, as without candidates; the oracle reads the world bound to it (`bind`) at the tick it plans on."""
 
     needs_images = True
     drives_itself = False
+    reads_tick = True  # safe_plan hands it the world's tick
 
-    def __init__(self, path: str, device: str = "cpu", decoding: Optional[dict] = None):
+    def __init__(self, path: str, device: str = "cpu", decoding: Optional[dict] = None,
+                 candidates: Optional[dict] = None):
         from ..policy import DrivingPolicy  # heavy: torch + transformers
+        from ..scoring.planner import CandidatePlanner
 
         self.inner = DrivingPolicy.load(path, device=device, **(decoding or {}))
-        only = self.inner.loaded.settings.route_targets_only_on
-        if only is not None:  # the route types it learned targets on: the world states them there alone (run_route)
-            self.route_target_scenarios = only
+        self.planner = CandidatePlanner(self.inner, has_world=True, where="the embedded world",
+                                        **(candidates or {}))
+        self.world = None
+        self.model_target_on = self.inner.loaded.settings.route_targets_only_on  # None: every route type
+        if self.model_target_on is not None and self.planner.scorer is None:
+            self.route_target_scenarios = self.model_target_on  # the world states them there alone (run_route)
 
-    def plan(self, images, ego: EgoState, command: str, target=None) -> Plan:
-        return self.inner.plan(images, ego, command, target=target)
+    def bind(self, world) -> None:
+        """A new route: its world (the oracle's truth), and no detections carried over from the last route."""
+        self.world = world
+        self.planner.reset()
+
+    def plan(self, images, ego: EgoState, command: str, target=None, tick=None) -> Plan:
+        model_target = target
+        scenario = getattr(getattr(self.world, "route", None), "scenario", None)
+        if self.planner.scorer is not None and self.model_target_on is not None and scenario not in self.model_target_on:
+            model_target = None
+        truth = None
+        if self.planner.scorer_name == "oracle" and self.world is not None and tick is not None:
+            from ..scoring.oracle import oracle_context
+
+            world = self.world
+            truth = lambda: oracle_context(world, tick)  # noqa: E731 - built only when the scorer runs
+        if tick is None:
+            return self.planner.plan(images, ego, command, target=model_target, route_target=target, truth=truth)
+        return self.planner.plan(images, ego, command, target=model_target, route_target=target, time_s=tick.t,
+                                 truth=truth)
 
 
-def load_policy(spec: str, device: str = "cpu", decoding: Optional[dict] = None):
+def load_policy(spec: str, device: str = "cpu", decoding: Optional[dict] = None, candidates: Optional[dict] = None):
     """'expert', 'expert-plan', 'constant-velocity', or a checkpoint path / preset name for DrivingPolicy (decoding
-    as its `wam_diff.json` says, with `decoding`, DecoderConfig fields, on top: `resolve_decoding`)."""
+    as its `wam_diff.json` says, with `decoding`, DecoderConfig fields, on top: `resolve_decoding`; `candidates`:
+    LearnedPolicy's candidate settings)."""
     if spec == "expert":
         return ExpertPolicy()
     if spec == "expert-plan":
         return ExpertPlanPolicy()
     if spec == "constant-velocity":
         return ConstantVelocityPolicy()
-    return LearnedPolicy(spec, device=device, decoding=decoding)
+    return LearnedPolicy(spec, device=device, decoding=decoding, candidates=candidates)
 
 
 _CACHED: dict = {}
 
 
-def cached_policy(spec: str, device: str = "cpu", decoding: Optional[dict] = None):
-    """`load_policy` once per process for the same (spec, device, decoding): a pool worker loads its model
-    for its first route and keeps it for the rest. Its `name` is the spec."""
-    key = (spec, device, json.dumps(decoding or None, sort_keys=True))
+def cached_policy(spec: str, device: str = "cpu", decoding: Optional[dict] = None,
+                  candidates: Optional[dict] = None):
+    """`load_policy` once per process for the same (spec, device, decoding, candidates): a pool worker loads its
+    model for its first route and keeps it for the rest. Its `name` is the spec."""
+    key = (spec, device, json.dumps(decoding or None, sort_keys=True), json.dumps(candidates or None, sort_keys=True))
     if key not in _CACHED:
         _CACHED.clear()  # one model per worker process
-        policy = load_policy(spec, device=device, decoding=decoding)
+        policy = load_policy(spec, device=device, decoding=decoding, candidates=candidates)
         policy.name = spec
         _CACHED[key] = policy
     return _CACHED[key]
 
 
-def safe_plan(policy, images, ego: EgoState, command: str, target=None) -> Plan:
-    """Call policy.plan (with `target` when there is one) and turn any exception or malformed trajectory into an
-    invalid Plan."""
+def safe_plan(policy, images, ego: EgoState, command: str, target=None, tick=None) -> Plan:
+    """Call policy.plan (with `target` when there is one, and the world's `tick` when the policy `reads_tick`) and
+    turn any exception or malformed trajectory into an invalid Plan."""
+    kwargs = {} if target is None else {"target": target}
+    if tick is not None and getattr(policy, "reads_tick", False):
+        kwargs["tick"] = tick
     try:
-        plan = policy.plan(images, ego, command) if target is None else policy.plan(images, ego, command, target=target)
+        plan = policy.plan(images, ego, command, **kwargs)
     except Exception as exc:  # a closed loop never crashes on the policy
         return Plan(trajectory=None, valid=False, errors={"planning": f"{type(exc).__name__}: {exc}"})
     traj: Optional[np.ndarray] = getattr(plan, "trajectory", None)

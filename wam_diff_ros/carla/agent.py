@@ -5,7 +5,8 @@ import here is absolute. Per tick (20 Hz): sensors -> ego pose (GNSS fixes smoot
 gnss_filter.PositionFilter, which dead-reckons from speed, compass and IMU yaw rate; heading from
 the compass) and ego state (speedometer + IMU) -> route planner -> navigation command and route
 target point (the route ROUTE_TARGET_AHEAD_M ahead, in the ego frame); every `plan_every_ticks` ticks the policy plans from
-the front camera (BGRA -> RGB here); between plans the last plan is shifted in time and
+the front camera (BGRA -> RGB here), with `candidates` > 1 as N trajectories of which `scorer` picks one
+(wam_diff_core.scoring.planner); between plans the last plan is shifted in time and
 re-expressed in the current ego frame; the controller turns it into throttle/steer/brake.
 An invalid plan (bad model text, bad input) or a late one (wall time over `late_plan_s`) is dropped:
 the controller brakes until the next valid plan. Each case is counted in `stats` and written with
@@ -26,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from wam_diff_core.control import Controller
+from wam_diff_core.scoring.planner import CandidatePlanner
 from wam_diff_core.types import EgoState, Plan
 from wam_diff_ros.carla.agent_config import DEFAULT_CONFIG, AgentConfig
 from wam_diff_ros.carla.frames import (GeoProjection, carla_steer, carla_to_rh, compass_to_heading,
@@ -86,7 +88,8 @@ class WamDiffAgent(AutonomousAgent):
         """path_to_conf_file: agent YAML; Bench2Drive appends '+<save_name>' for every route to the same
         string, so the YAML is what precedes the first '+' and the save name what follows the last.
         `policy`: an object with DrivingPolicy's plan(images, ego, command, target=(x, y)) -> Plan (tests pass
-        a fake); by default the model named in the YAML is loaded."""
+        a fake); by default the model named in the YAML is loaded. It plans through a CandidatePlanner with the
+        YAML's candidates, scorer and candidate_sampling (candidates 1: the policy's own plan)."""
         parts = (path_to_conf_file or "").split("+")
         conf, save_name = parts[0], (parts[-1] if len(parts) > 1 else "")
         self.config = AgentConfig.load(conf or DEFAULT_CONFIG)
@@ -98,6 +101,8 @@ class WamDiffAgent(AutonomousAgent):
             policy = DrivingPolicy.load(self.config.model, device=self.config.device, dtype=self.config.dtype,
                                         **self.config.decoding)
         self.policy = policy
+        self.planner = CandidatePlanner(policy, self.config.candidates, self.config.scorer,
+                                        self.config.candidate_sampling, where="a CARLA agent")
         self.controller = Controller(self.config.controller)
         self.stats = Counter(ticks=0, plans=0, valid_plans=0, invalid_plans=0, late_plans=0, brake_ticks=0)
         self.commands = Counter()
@@ -164,7 +169,7 @@ class WamDiffAgent(AutonomousAgent):
         self.stats["plans"] += 1
         start = time.perf_counter()
         try:
-            plan: Plan = self.policy.plan(self._images(input_data), ego, command, target=target)
+            plan: Plan = self.planner.plan(self._images(input_data), ego, command, target=target, time_s=timestamp)
         except ValueError as exc:  # bad input frame: no plan this time, brake
             plan = Plan(trajectory=None, valid=False, errors={"input": str(exc)})
         wall = time.perf_counter() - start
@@ -232,7 +237,8 @@ class WamDiffAgent(AutonomousAgent):
         wall = np.asarray(self.plan_wall_s) if self.plan_wall_s else np.zeros(1)
         return {**dict(self.stats), "commands": dict(self.commands), "plan_wall_s_mean": float(wall.mean()),
                 "plan_wall_s_max": float(wall.max()), "last_errors": list(self.last_errors),
-                "gnss_filter_resets": self._gnss.resets if self._gnss is not None else None}
+                "gnss_filter_resets": self._gnss.resets if self._gnss is not None else None,
+                "candidates": {**self.planner.settings(), **self.planner.stats.as_dict()}}
 
     def output_dir(self) -> Optional[Path]:
         root = os.environ.get("SAVE_PATH")
@@ -250,3 +256,5 @@ class WamDiffAgent(AutonomousAgent):
                 with open(out / "metric_info.json", "w") as fh:
                     json.dump(self.metric_info, fh)
         self.policy = None
+        if getattr(self, "planner", None) is not None:
+            self.planner.policy = None  # its counts stay readable

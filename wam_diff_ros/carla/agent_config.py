@@ -32,6 +32,7 @@ SENSOR_KEYS = {
     "sensor.other.radar": POSE_KEYS,
 }
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "carla_agent.yaml"
+MAX_CANDIDATES = 16
 
 
 class AgentConfigError(WamDiffError, ValueError):
@@ -95,6 +96,9 @@ class AgentConfig:
     device: str = "cpu"
     dtype: Optional[str] = None                       # float32 | bfloat16 | float16; None: the checkpoint's own on a GPU
     decoding: dict = field(default_factory=dict)     # DecoderConfig fields on the checkpoint's own (resolve_decoding)
+    candidates: int = 1                               # trajectories per plan from one prefill (1: the greedy plan)
+    scorer: Optional[str] = None                      # perception | likelihood picks the one driven; None: candidate 0
+    candidate_sampling: str = "tokens"                # tokens | order: how candidates 1..N-1 are drawn
     sim_hz: float = 20.0
     plan_hz: float = 2.0
     late_plan_s: Optional[float] = None               # wall seconds; slower plans are dropped (brake)
@@ -145,7 +149,25 @@ class AgentConfig:
                                    f"checkpoint's own on a GPU, float32 on a CPU)")
         cfg = cls(**d, source=source)
         cfg._check()
+        cfg._check_candidates()
         return cfg
+
+    def _check_candidates(self) -> None:
+        """candidates 1..MAX_CANDIDATES, a scorer CARLA can run (not the embedded world's oracle), a sampling method,
+        and decoding that can draw them (the eager path)."""
+        from wam_diff_core.decoding.candidates import check_sampling
+        from wam_diff_core.policy import check_candidate_settings
+        from wam_diff_core.scoring.planner import check_scorer_setting
+
+        src, n = self.source, self.candidates
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CANDIDATES:
+            raise AgentConfigError(f"{src}: candidates must be an integer in [1, {MAX_CANDIDATES}], got {n!r}")
+        try:
+            self.scorer = check_scorer_setting(self.scorer, has_world=False, where="a CARLA agent")
+            self.candidate_sampling = check_sampling(self.candidate_sampling).method
+            check_candidate_settings(n, resolve_decoding(DecoderConfig(), **self.decoding))
+        except (TypeError, ValueError) as exc:
+            raise AgentConfigError(f"{src}: {exc}") from None
 
     def _check(self) -> None:
         src = self.source
