@@ -122,6 +122,14 @@ def test_perception_adds_the_detection_task_and_picks_the_candidate_that_stops_s
     assert plan.chosen == 1 and np.array_equal(plan.trajectory, stopping(10, 5))
 
 
+def test_perception_reads_another_detectors_boxes_in_place_of_the_models_without_a_detection_task():
+    policy = CandidatePolicy([straight(10), stopping(10, 5)], detections=[[]])
+    planner = CandidatePlanner(policy, candidates=2, scorer="perception")
+    plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", detections=[box_at(20.0, 0.0)], time_s=1.0)
+    assert policy.calls[0]["tasks"] == ("planning",) and plan.chosen == 1 and planner.last_scores[0] == 0.0
+    assert planner._previous[0] == (box_at(20.0, 0.0),)  # the next frame's forecast reads them too
+
+
 def test_perception_sees_the_previous_frames_detections_with_their_age_until_they_are_older_than_1_s():
     a, b = [box_at(30.0, 4.0)], [box_at(31.0, 4.0)]
     policy = CandidatePolicy([straight(10), straight(9)], detections=[a, b, b])

@@ -27,6 +27,7 @@ from .registry import ScorerError, check_scorer, make_scorer
 # and the planner may have paused (a lifecycle node deactivated, a route restarted)
 MAX_PREVIOUS_AGE_S = 1.0
 WORLD_SCORERS = ("oracle",)  # scorers that read the embedded world's true vehicles and lanes
+BOX_SOURCES = ("model", "world")  # the boxes perception reads in the embedded world: the model's, or the true ones
 
 Truth = Union[ScoringContext, Callable[[], ScoringContext]]
 
@@ -119,32 +120,36 @@ class CandidatePlanner:
         return None if self.scorer is None else self.scorer.last
 
     def plan(self, images, ego: EgoState, command: str, target: Optional[tuple[float, float]] = None,
-             tasks: Optional[Sequence[str]] = None, *, route_target: Optional[tuple[float, float]] = None, time_s: Optional[float] = None,
-             truth: Optional[Truth] = None) -> Plan:
+             tasks: Optional[Sequence[str]] = None, *, route_target: Optional[tuple[float, float]] = None,
+             time_s: Optional[float] = None, truth: Optional[Truth] = None,
+             detections: Optional[Sequence[Detection]] = None) -> Plan:
         """Plan from camera images, ego state, command and the route target the model is asked with (`target`);
         `tasks` (None: the policy's own) as policy.plan takes them. `route_target`: the one the scorer measures
         progress toward (None: `target`; a caller may know the route where the model is not asked with it);
         `time_s`: the frame's time in seconds (stamp or simulated time; default: this machine's monotonic clock),
         for the age of the previous detections; `truth`: the oracle's context (true agents and lanes) or a function
-        making it. The plan carries the winner (`chosen`, `score`); N = 1 is the policy's own call."""
+        making it; `detections`: boxes of another detector in pixels of the first image, which the perception
+        scorer then reads in place of the model's (no detection task is added). The plan carries the winner
+        (`chosen`, `score`); N = 1 is the policy's own call."""
         t0 = time.perf_counter()
         kwargs = {"target": target} if tasks is None else {"target": target, "tasks": tasks}
         if self.candidates == 1:
             plan = self.policy.plan(images, ego, command, **kwargs)
             self._count(plan, time.perf_counter() - t0)
             return plan
-        if self.perceives:
+        if self.perceives and detections is None:
             asked = tuple(tasks or getattr(self.policy, "tasks", ("planning",)))
             kwargs["tasks"] = asked if "detection" in asked else asked + ("detection",)
         plan = self.policy.plan(images, ego, command, candidates=self.candidates, sampling=self.sampling, **kwargs)
         t_score = time.perf_counter()
+        boxes = tuple(plan.detections or ()) if detections is None else tuple(detections)
         if self.scorer is not None:
             self.scorer.last = None
             goal = target if route_target is None else route_target
-            plan = choose(plan, self.scorer, self._context(plan, images, ego, command, goal, time_s, truth))
+            plan = choose(plan, self.scorer, self._context(boxes, images, ego, command, goal, time_s, truth))
             self.stats.scored += 1
         if self.perceives:
-            self._previous = (tuple(plan.detections or ()), self._now(time_s))
+            self._previous = (boxes, self._now(time_s))
         plan.timings["score"] = time.perf_counter() - t_score
         self.stats.score_s += plan.timings["score"]
         self._count(plan, time.perf_counter() - t0)
@@ -162,10 +167,10 @@ class CandidatePlanner:
     def _now(time_s: Optional[float]) -> float:
         return float(time_s) if time_s is not None else time.monotonic()
 
-    def _context(self, plan: Plan, images, ego: EgoState, command: str, route_target, time_s: Optional[float],
-                 truth: Optional[Truth]) -> ScoringContext:
-        """What the scorer sees: the oracle's truth, or the ego, command and route target, with this frame's and
-        (when recent) the previous frame's detections for perception."""
+    def _context(self, boxes: tuple[Detection, ...], images, ego: EgoState, command: str, route_target,
+                 time_s: Optional[float], truth: Optional[Truth]) -> ScoringContext:
+        """What the scorer sees: the oracle's truth, or the ego, command and route target, with this frame's boxes
+        and (when recent) the previous frame's for perception."""
         if self.scorer_name in WORLD_SCORERS:
             if truth is None:
                 raise ScorerError(f"scorer {self.scorer_name!r} needs the embedded world's truth for every plan")
@@ -180,12 +185,13 @@ class CandidatePlanner:
             if 0.0 < age <= MAX_PREVIOUS_AGE_S:
                 previous = self._previous[0]
         return ScoringContext(ego=ego, command=command, route_target=route_target,
-                              detections=tuple(plan.detections or ()), camera=camera, previous_detections=previous,
+                              detections=boxes, camera=camera, previous_detections=previous,
                               previous_age_s=age if previous is not None else None)
 
 
-def add_candidate_arguments(parser) -> None:
-    """--candidates N, --scorer NAME, --sampling METHOD (`wam-diff drive`, `wam-diff decode`)."""
+def add_candidate_arguments(parser, world: bool = False) -> None:
+    """--candidates N, --scorer NAME, --sampling METHOD (`wam-diff drive`, `wam-diff decode`); with a `world`
+    (`wam-diff drive`) also --perception-boxes model|world."""
     from ..decoding.candidates import SAMPLING_METHODS
     from .registry import SCORERS
 
@@ -197,6 +203,11 @@ def add_candidate_arguments(parser) -> None:
     g.add_argument("--sampling", choices=SAMPLING_METHODS, default="tokens",
                    help="how candidates 1..N-1 are drawn: tokens sampled at temperature 1, or the greedy tokens "
                         "committed in a noisy order (default: tokens)")
+    if world:
+        g.add_argument("--perception-boxes", choices=BOX_SOURCES, default="model",
+                       help="the boxes the perception scorer reads: the model's own detections (default; the "
+                            "detection task joins each plan), or the world's true boxes, what a perfect detector "
+                            "would give (no detection task)")
 
 
 def candidate_arguments(args, has_world: bool, where: str, decoding: Optional[dict] = None) -> dict:
@@ -205,6 +216,9 @@ def candidate_arguments(args, has_world: bool, where: str, decoding: Optional[di
     or `decoding` options (DrivingPolicy.load keywords) that cannot draw N candidates, before any model loads."""
     n = check_candidates(args.candidates)
     scorer = check_scorer_setting(args.scorer, has_world, where)
+    boxes = getattr(args, "perception_boxes", "model")
+    if boxes != "model" and scorer != "perception":
+        raise ScorerError(f"--perception-boxes {boxes}: only the perception scorer reads boxes, the scorer is {scorer}")
     if n == 1 and scorer is None:
         return {}
     if n > 1:
@@ -213,8 +227,9 @@ def candidate_arguments(args, has_world: bool, where: str, decoding: Optional[di
 
         fields = {k: v for k, v in (decoding or {}).items() if k != "dtype"}
         check_candidate_settings(n, resolve_decoding(DecoderConfig(), **fields))
-    return {"candidates": n, "scorer": scorer, "sampling": check_sampling(args.sampling).method}
+    out = {"candidates": n, "scorer": scorer, "sampling": check_sampling(args.sampling).method}
+    return {**out, "boxes": boxes} if boxes != "model" else out
 
 
-__all__ = ["CandidatePlanner", "CandidateStats", "MAX_PREVIOUS_AGE_S", "WORLD_SCORERS", "add_candidate_arguments",
+__all__ = ["BOX_SOURCES", "CandidatePlanner", "CandidateStats", "MAX_PREVIOUS_AGE_S", "WORLD_SCORERS", "add_candidate_arguments",
            "candidate_arguments", "check_scorer_setting"]

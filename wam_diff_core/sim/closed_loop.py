@@ -392,7 +392,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_decoding_arguments(parser)
     from ..scoring.planner import add_candidate_arguments  # torch: a learned policy's settings
 
-    add_candidate_arguments(parser)
+    add_candidate_arguments(parser, world=True)
 
 
 def run(args) -> int:

@@ -80,8 +80,9 @@ class ExpertPlanPolicy(ExpertPolicy):
 
 class LearnedPolicy:
     """Adapter around wam_diff_core.policy.DrivingPolicy (frames in, trajectory out). `candidates`: the
-    `scoring.planner.CandidatePlanner` settings {"candidates": N, "scorer": NAME or None, "sampling": METHOD}; unset
-    or N = 1: the policy's own plan.
+    `scoring.planner.CandidatePlanner` settings {"candidates": N, "scorer": NAME or None, "sampling": METHOD}, and
+    "boxes": "world" for a perception scorer reading the world's true boxes instead of the model's; unset or N = 1:
+    the policy's own plan.
 
     With a scorer, the world states the route target on every junction route (`route_target_scenarios` left unset)
     for the scorer's progress term, and the model is asked with it only on the route types its checkpoint learned
@@ -97,8 +98,9 @@ class LearnedPolicy:
         from ..scoring.planner import CandidatePlanner
 
         self.inner = DrivingPolicy.load(path, device=device, **(decoding or {}))
-        self.planner = CandidatePlanner(self.inner, has_world=True, where="the embedded world",
-                                        **(candidates or {}))
+        settings = dict(candidates or {})
+        self.world_boxes = settings.pop("boxes", "model") == "world"
+        self.planner = CandidatePlanner(self.inner, has_world=True, where="the embedded world", **settings)
         self.world = None
         self.model_target_on = self.inner.loaded.settings.route_targets_only_on  # None: every route type
         if self.model_target_on is not None and self.planner.scorer is None:
@@ -123,7 +125,7 @@ class LearnedPolicy:
         if tick is None:
             return self.planner.plan(images, ego, command, target=model_target, route_target=target, truth=truth)
         return self.planner.plan(images, ego, command, target=model_target, route_target=target, time_s=tick.t,
-                                 truth=truth)
+                                 truth=truth, detections=tick.detections if self.world_boxes else None)
 
 
 def load_policy(spec: str, device: str = "cpu", decoding: Optional[dict] = None, candidates: Optional[dict] = None):
