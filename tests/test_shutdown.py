@@ -245,3 +245,12 @@ def test_latency_probe_runs_the_node_as_configured_with_only_the_decoding_overri
     assert "denoising_steps:=4" in custom and "remasking_threshold:=0.9" in custom
     assert not any(arg.startswith("block_size:=") for arg in custom)
     assert custom.index("--params-file") < custom.index("denoising_steps:=4")  # the overrides come last
+
+
+def test_latency_probe_counts_unplanned_frames_per_tenth_of_the_run():
+    from wam_diff_ros.latency_probe import unplanned_by_tenth
+
+    published = {stamp: 0.0 for stamp in range(100, 120)}  # 20 frames, two per tenth
+    planned = [s for s in published if s not in (100, 101, 102, 119)]
+    assert unplanned_by_tenth(published, planned) == [2, 1, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert unplanned_by_tenth({}, []) == [0] * 10

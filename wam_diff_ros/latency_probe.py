@@ -132,6 +132,7 @@ class Recorder:
         self.ns = ns
         self.published: dict[int, float] = {}  # frame stamp (ns) -> perf_counter at publication
         self.latencies: list[float] = []
+        self.planned: list[int] = []  # stamps of the planned frames, in arrival order
         self.decode_s: list[float] = []
         self.valid = 0
         self.last_diag: Optional[dict] = None
@@ -142,6 +143,7 @@ class Recorder:
         sent = self.published.get(key)
         if sent is not None:
             self.latencies.append(now - sent)
+            self.planned.append(key)
             self.decode_s.append(msg.decode_time_s)
             self.valid += int(msg.valid)
 
@@ -242,6 +244,15 @@ def rss_record(start_mib: float, samples: list[tuple[int, float]], warmup_frames
             "warmup_frames": warmup_frames, "samples": [[n, mib] for n, mib in samples]}
 
 
+def unplanned_by_tenth(published: dict[int, float], planned: list[int]) -> list[int]:
+    """Frames not planned in each tenth of the run, in publication order: losses at the start (discovery, warm-up)
+    tell apart from losses spread over the run."""
+    done = set(planned)
+    missed = [i for i, stamp in enumerate(published) if stamp not in done]
+    n = max(len(published), 1)
+    return [sum(1 for i in missed if i * 10 // n == tenth) for tenth in range(10)]
+
+
 def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_s: float,
                    start: tuple[float, float], end: tuple[float, float], rss_samples: list[tuple[int, float]]) -> dict:
     """The JSON record of one run; `start` and `end` are the planner's (CPU seconds, RSS MiB), `rss_samples` its
@@ -257,6 +268,7 @@ def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_
         # of those: lost before the node's callback (transport, best effort) vs dropped by the node
         "frames_lost_in_transport": (args.frames - int(diag["frames_received"])) if diag else None,
         "frames_dropped_by_node": int(diag["frames_dropped"]) if diag else None,
+        "frames_not_planned_by_tenth": unplanned_by_tenth(rec.published, rec.planned),
         "camera_qos": "reliable" if args.reliable else "best_effort",
         "latency_ms": {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
                        "max": float(lat.max())} if len(lat) else None,
