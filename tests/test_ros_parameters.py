@@ -158,7 +158,7 @@ def test_descriptors_carry_type_range_and_read_only(ros):
                                   "route_target_max_age_s", "base_frame_id", "diagnostics_period_s", "ask_timeout_s",
                                   "candidates", "scorer", "candidate_sampling"}
     read_only = [n for n in PARAMETERS if params.describe(n).read_only]
-    assert len(read_only) == len(PARAMETERS) - len(RUNTIME_PARAMETERS) == 23
+    assert len(read_only) == len(PARAMETERS) - len(RUNTIME_PARAMETERS) == 24
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -209,3 +209,23 @@ def test_the_parameter_table_of_docs_ros_md_states_each_parameters_type_range_an
                                                                for v in spec.bounds)
         assert (kind, bounds, changes) == (types[type(spec.default)], low_high,
                                            "runtime" if spec.runtime else "read-only"), name
+
+
+def test_torch_threads_parameter_sets_the_planning_threads_before_the_model_loads(monkeypatch):
+    import torch
+
+    from wam_diff_core.policy import DrivingPolicy
+    from wam_diff_ros.policy_loading import PolicySettings, load_policy
+
+    seen = []
+    monkeypatch.setattr(DrivingPolicy, "load", classmethod(lambda cls, *a, **k: seen.append(torch.get_num_threads())))
+    before = torch.get_num_threads()
+    try:
+        load_policy(PolicySettings(torch_threads=1))
+        assert seen == [1] and torch.get_num_threads() == 1
+        torch.set_num_threads(before)
+        load_policy(PolicySettings())  # 0: left as it is
+        assert seen == [1, before]
+    finally:
+        torch.set_num_threads(before)
+    assert read_config({**{n: s.default for n, s in PARAMETERS.items()}, "torch_threads": 1})["policy"].torch_threads == 1

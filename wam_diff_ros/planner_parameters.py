@@ -62,6 +62,8 @@ PARAMETERS: dict[str, Spec] = {
     "cuda_graphs": Spec(False, "capture the block decode step as a CUDA graph (GPU only)"),
     "text_layers": Spec("model", "text layers: the model's own, 'fast' (merged projections, same math) or "
                                  "'compiled' (fast + torch.compile)", choices=TEXT_LAYERS),
+    "torch_threads": Spec(0, "torch CPU threads of the planning (0 = torch's default, one per core); 1 on a 2-core "
+                             "machine leaves a core to ROS and the camera", bounds=(0, 256)),
     "block_size": Spec(0, "B: tokens denoised in parallel per block (1 = autoregressive; 0 = the checkpoint's own)",
                        bounds=(0, 1024)),
     "denoising_steps": Spec(0, "K: denoising steps per block (0 = the checkpoint's own)", bounds=(0, 1024)),
@@ -209,7 +211,8 @@ def read_config(values: dict) -> dict:
         cuda_graphs=cfg["cuda_graphs"], block_size=cfg["block_size"], denoising_steps=cfg["denoising_steps"],
         remasking_strategy=cfg["remasking_strategy"], remasking_threshold=cfg["remasking_threshold"],
         max_new_tokens=cfg["max_new_tokens"], tasks=cfg["tasks"], kinematic_envelope=cfg["kinematic_envelope"],
-        commit_schedule=cfg["commit_schedule"], forward_only=cfg["forward_only"], text_layers=cfg["text_layers"])
+        commit_schedule=cfg["commit_schedule"], forward_only=cfg["forward_only"], text_layers=cfg["text_layers"],
+        torch_threads=cfg["torch_threads"])
     return cfg
 
 

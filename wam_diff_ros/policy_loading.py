@@ -31,6 +31,7 @@ class PolicySettings:
     commit_schedule: str = ""
     forward_only: str = ""  # "on", "off"
     text_layers: str = "model"
+    torch_threads: int = 0  # 0 = torch's default (one per core)
 
 
 def load_policy(settings: PolicySettings):
@@ -40,9 +41,13 @@ def load_policy(settings: PolicySettings):
         from .fake_policy import FakePolicy
 
         return FakePolicy(tasks=settings.tasks)
+    import torch
+
     from wam_diff_core.policy import DrivingPolicy
 
     s = settings
+    if s.torch_threads:
+        torch.set_num_threads(s.torch_threads)  # process-wide: the planning thread is the node's only torch user
     return DrivingPolicy.load(
         s.model, device=s.device, dtype=s.dtype or None, tasks=s.tasks, block_size=s.block_size or None, steps=s.denoising_steps or None,
         strategy=s.remasking_strategy or None, threshold=s.remasking_threshold or None,
