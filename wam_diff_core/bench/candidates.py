@@ -30,7 +30,7 @@ from ..decoding.candidates import SAMPLING_METHODS, CandidateSampling
 from ..decoding.options import add_decoding_arguments, decoding_arguments
 from ..errors import UsageError
 from ..eval.l2 import l2_per_sample
-from .compare import frame_source, target_rule, write_json
+from .compare import frame_source, target_rule, write_outputs
 from .decode import _int_list
 from .frames import Frame, route_target_for
 from .interleave import ORDERS, interleaved, round_ratios, spread
@@ -203,13 +203,7 @@ def run(args) -> int:
               "timing": "whole plans (DrivingPolicy.plan), entries taking turns per frame after one warm-up plan each; "
                         "peak allocation: one plan of frame 0 under torch.profiler (profile_memory)"}
     result |= summarise(specs, rounds, memory, frames)
-    table = markdown(result)
-    print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, result)
-    out.with_suffix(".md").write_text(table + "\n")
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write_outputs(Path(args.out), result, markdown(result))
     return 0
 
 

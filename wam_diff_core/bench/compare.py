@@ -173,14 +173,17 @@ def run(args) -> int:
               "seed": args.seed, "load_before": load_before, "load_after": load_average(),
               "timing": "whole plans (DrivingPolicy.plan), entries taking turns per frame after one warm-up plan each"}
     result |= summarise(entries, policies, rounds, frames)
-    table = markdown(result)
+    write_outputs(Path(args.out), result, markdown(result))
+    return 0
+
+
+def write_outputs(out: Path, result: dict, table: str) -> None:
+    """Print the markdown `table`, write `result` to `out` (JSON, `write_json`) and the table beside it (.md)."""
     print(table)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result)
     out.with_suffix(".md").write_text(table + "\n")
     print(f"wrote {out} and {out.with_suffix('.md')}")
-    return 0
 
 
 def write_json(path: Path, result: dict) -> None:
