@@ -12,7 +12,7 @@ pytest.importorskip("wam_diff_msgs", reason="wam_diff_msgs not built (scripts/in
 
 from rclpy.serialization import serialize_message  # noqa: E402
 
-from wam_diff_core.types import Detection, Plan  # noqa: E402
+from wam_diff_core.types import Candidate, Detection, Plan  # noqa: E402
 from wam_diff_ros.bag import plan_outputs  # noqa: E402
 from wam_diff_ros.bag import topics as T  # noqa: E402
 from wam_diff_ros.bag.messages import blank  # noqa: E402
@@ -24,6 +24,9 @@ PLANS = {
                   raw_text={"planning": "2.00,0.10,..."}),
     "standing": Plan(trajectory=np.zeros((8, 2)), valid=True),  # no step long enough for a heading
     "invalid": Plan(trajectory=None, valid=False, errors={"planning": "truncated"}, raw_text={"planning": "1.2,"}),
+    "scored": Plan(trajectory=np.array([[1.5 * k, 0.0] for k in range(1, 9)]), valid=True, chosen=2, score=0.75,
+                   candidates=[Candidate(i, np.array([[1.5 * k, 0.1 * i] for k in range(1, 9)])) for i in range(3)]
+                   + [Candidate(3, None, error="unparsable")]),
 }
 DETECTIONS = [Detection("car", (10.0, 20.0, 50.5, 44.0), (39, 156, 197, 344), 0.83),
               Detection("truck", (0.0, 0.0, 3.0, 4.0), (0, 0, 12, 31), 1.2)]
@@ -37,6 +40,8 @@ def plain(msg):
         return [plain(v) for v in msg]
     if hasattr(msg, "__dataclass_fields__"):
         return {k: plain(getattr(msg, k)) for k in msg.__dataclass_fields__ if k != "__msgtype__"}
+    if isinstance(msg, float) and msg != msg:
+        return "nan"  # NaN != NaN: a NaN field (no candidate score) compares as the same value on both sides
     return msg
 
 

@@ -73,7 +73,8 @@ def test_collect_drives_training_routes_only_and_writes_a_dataset(tmp_path, monk
     import wam_diff_core.sim.policies as policies
 
     monkeypatch.setattr(policies, "_CACHED", {})
-    monkeypatch.setattr(policies, "load_policy", lambda spec, device="cpu", decoding=None: ConstantVelocityPolicy())
+    monkeypatch.setattr(policies, "load_policy",
+                        lambda spec, device="cpu", decoding=None, candidates=None: ConstantVelocityPolicy())
     stats = collect(routes, "cv", tmp_path, seed_offsets=(7,), frame_size=(128, 64), progress=False)
     driven = set(stats["statuses"])
     assert driven == {f"{r.route_id}_s7" for r in routes if r.route_id not in held_out}
@@ -145,7 +146,7 @@ def test_collect_trims_at_merge_without_driving_again(tmp_path, monkeypatch):
             return Plan(trajectory=np.zeros((NUM_WAYPOINTS, 2)), valid=True)
 
     monkeypatch.setattr(policies, "_CACHED", {})
-    monkeypatch.setattr(policies, "load_policy", lambda spec, device="cpu", decoding=None: Stop())
+    monkeypatch.setattr(policies, "load_policy", lambda spec, device="cpu", decoding=None, candidates=None: Stop())
     whole = collect([route], "stop", tmp_path, seed_offsets=(0,), val_fraction=0.0, frame_size=(128, 64),
                     progress=False)
     trimmed = collect([route], "stop", tmp_path, seed_offsets=(0,), val_fraction=0.0, frame_size=(128, 64),

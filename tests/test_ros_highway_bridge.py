@@ -160,6 +160,7 @@ def test_the_top_down_camera_maps_its_image_onto_the_ground_where_the_world_draw
     from wam_diff_ros.highway_bridge_node import TOP_DOWN_HEIGHT_M, top_down_mount
 
     world = SimpleNamespace(width=256, height=128, scaling=3.0, anchor=(0.25, 0.5))
+    world.camera = highway.HighwayWorld.camera.fget(world)  # the world's own camera from its size, scaling and anchor
     mount = top_down_mount("camera_front", world.width, world.height, world.scaling, world.anchor)
     assert mount.xyz == pytest.approx((64 / 3, 0.0, TOP_DOWN_HEIGHT_M))
     link = _rotation_matrix(mount.rotation)

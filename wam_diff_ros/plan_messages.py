@@ -21,6 +21,8 @@ from wam_diff_core.types import Detection, Plan
 from wam_diff_msgs.msg import (Detection2D, Detection2DArray, ObjectHypothesis, ObjectHypothesisWithPose, Trajectory,
                                TrajectoryPoint)
 
+from .marker_style import CANDIDATE_LINE_M, CANDIDATE_RGBA, PLAN_LINE_M, PLAN_RGBA, WAYPOINT_M
+
 # Headings of steps shorter than this are unreliable; the previous heading is kept instead.
 _MIN_STEP_M = 1e-3
 
@@ -92,8 +94,6 @@ def detections_msg(detections: Optional[Sequence[Detection]], header: Header) ->
     return out
 
 
-CANDIDATE_LINE_M = 0.05  # candidates are drawn thin beside the published plan's 0.15 m line
-CANDIDATE_COLOR = ColorRGBA(r=0.3, g=0.6, b=1.0, a=0.6)
 
 
 def _path_points(trajectory) -> list[Point]:
@@ -114,7 +114,7 @@ def candidate_markers(plan: Plan, header: Header, ns: str = "wam_diff") -> list[
             m.action = Marker.ADD
             m.pose.orientation.w = 1.0
             m.scale.x = CANDIDATE_LINE_M
-            m.color = CANDIDATE_COLOR
+            m.color = ColorRGBA(**CANDIDATE_RGBA)
             m.points = _path_points(c.trajectory)
         out.append(m)
     return out
@@ -129,8 +129,8 @@ def marker_array_msg(plan: Plan, header: Header, ns: str = "wam_diff") -> Marker
         line.action = dots.action = Marker.DELETE
         return MarkerArray(markers=[line, dots] + candidate_markers(plan, header, ns))
     points = _path_points(plan.trajectory)
-    color = ColorRGBA(r=0.1, g=0.9, b=0.2, a=1.0)
-    for marker, scale in ((line, 0.15), (dots, 0.4)):
+    color = ColorRGBA(**PLAN_RGBA)
+    for marker, scale in ((line, PLAN_LINE_M), (dots, WAYPOINT_M)):
         marker.action = Marker.ADD
         marker.pose.orientation.w = 1.0
         marker.scale.x = marker.scale.y = marker.scale.z = scale

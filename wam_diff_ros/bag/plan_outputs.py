@@ -11,11 +11,11 @@ import numpy as np
 from wam_diff_core.constants import WAYPOINT_DT_S
 from wam_diff_core.types import Detection, Plan
 
+from ..marker_style import CANDIDATE_LINE_M, CANDIDATE_RGBA, PLAN_LINE_M, PLAN_RGBA, WAYPOINT_M
 from .messages import blank, duration, header
 
 # as plan_messages._MIN_STEP_M: headings of shorter steps are unreliable; the previous heading is kept
 _MIN_STEP_M = 1e-3
-_GREEN = dict(r=0.1, g=0.9, b=0.2, a=1.0)
 MARKER_LINE_STRIP, MARKER_SPHERE_LIST, MARKER_ADD, MARKER_DELETE = 4, 7, 0, 2  # visualization_msgs/Marker constants
 
 
@@ -39,7 +39,8 @@ def waypoint_poses(store, trajectory: np.ndarray) -> list:
 
 
 def trajectory_msg(store, plan: Plan, stamp_ns: int, frame_id: str, command: str, block_size: int, steps: int,
-                   decode_time_s: float):
+                   decode_time_s: float, scorer: str = ""):
+    """The node's Trajectory (`plan_messages.trajectory_msg`), candidate fields included."""
     valid = _valid(plan)
     points, error = [], ""
     if valid:
@@ -51,7 +52,10 @@ def trajectory_msg(store, plan: Plan, stamp_ns: int, frame_id: str, command: str
     raw = str(plan.raw_text.get("planning", "")) if plan.raw_text else ""
     return blank(store, "wam_diff_msgs/msg/Trajectory", header=header(store, stamp_ns, frame_id), points=points,
                  valid=valid, error=error, command=command, block_size=int(block_size), denoising_steps=int(steps),
-                 decode_time_s=float(decode_time_s), raw_text=raw)
+                 decode_time_s=float(decode_time_s), raw_text=raw, candidates=max(len(plan.candidates), 1),
+                 candidate_index=int(plan.chosen),
+                 candidate_score=float("nan") if plan.score is None else float(plan.score),
+                 scorer=str(scorer) if plan.score is not None else "")
 
 
 def path_msg(store, plan: Plan, stamp_ns: int, frame_id: str):
@@ -80,27 +84,35 @@ def detections_msg(store, detections: Optional[Sequence[Detection]], stamp_ns: i
 
 
 def marker_array_msg(store, plan: Plan, stamp_ns: int, frame_id: str, ns: str = "wam_diff"):
-    """A line strip and spheres along the plan (green), or a DELETE of both when the plan is not valid."""
+    """A line strip and spheres along the plan (green), or a DELETE of both when the plan is not valid; with
+    candidates, a thin line per candidate after them (the node's `plan_messages.marker_array_msg`)."""
     def marker(mid: int, kind: int, suffix: str, **fields):
         return blank(store, "visualization_msgs/msg/Marker", header=header(store, stamp_ns, frame_id),
                      ns=f"{ns}/{suffix}", id=mid, type=kind, **fields)
 
+    pose = blank(store, "geometry_msgs/msg/Pose", orientation=blank(store, "geometry_msgs/msg/Quaternion", w=1.0))
+
+    def styled(rgba: dict, x: float, y: float = 0.0, z: float = 0.0) -> dict:
+        return dict(action=MARKER_ADD, pose=pose, scale=blank(store, "geometry_msgs/msg/Vector3", x=x, y=y, z=z),
+                    color=blank(store, "std_msgs/msg/ColorRGBA", **rgba))
+
+    def path(trajectory) -> list:
+        origin = blank(store, "geometry_msgs/msg/Point", x=0.0, y=0.0, z=0.0)
+        return [origin] + [p.position for p in waypoint_poses(store, trajectory)]
+
+    candidates = [marker(int(c.index), MARKER_LINE_STRIP, "candidates", action=MARKER_DELETE) if c.trajectory is None
+                  else marker(int(c.index), MARKER_LINE_STRIP, "candidates", points=path(c.trajectory),
+                              **styled(CANDIDATE_RGBA, CANDIDATE_LINE_M))
+                  for c in (plan.candidates if len(plan.candidates) > 1 else ())]
     if not _valid(plan):
         return blank(store, "visualization_msgs/msg/MarkerArray", markers=[
             marker(0, MARKER_LINE_STRIP, "trajectory", action=MARKER_DELETE),
-            marker(1, MARKER_SPHERE_LIST, "waypoints", action=MARKER_DELETE)])
-    origin = blank(store, "geometry_msgs/msg/Point", x=0.0, y=0.0, z=0.0)
-    points = [origin] + [p.position for p in waypoint_poses(store, plan.trajectory)]
-    pose = blank(store, "geometry_msgs/msg/Pose", orientation=blank(store, "geometry_msgs/msg/Quaternion", w=1.0))
-
-    def styled(scale: float) -> dict:
-        return dict(action=MARKER_ADD, pose=pose, scale=blank(store, "geometry_msgs/msg/Vector3", x=scale, y=scale,
-                                                              z=scale),
-                    color=blank(store, "std_msgs/msg/ColorRGBA", **_GREEN))
-
+            marker(1, MARKER_SPHERE_LIST, "waypoints", action=MARKER_DELETE)] + candidates)
+    points = path(plan.trajectory)
     return blank(store, "visualization_msgs/msg/MarkerArray", markers=[
-        marker(0, MARKER_LINE_STRIP, "trajectory", points=points, **styled(0.15)),
-        marker(1, MARKER_SPHERE_LIST, "waypoints", points=points[1:], **styled(0.4))])
+        marker(0, MARKER_LINE_STRIP, "trajectory", points=points, **styled(PLAN_RGBA, *(PLAN_LINE_M,) * 3)),
+        marker(1, MARKER_SPHERE_LIST, "waypoints", points=points[1:], **styled(PLAN_RGBA, *(WAYPOINT_M,) * 3))]
+        + candidates)
 
 
 def answer_msg(store, stamp_ns: int, frame_id: str, question: str, answer: str, latency_s: float):
