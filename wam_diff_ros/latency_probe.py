@@ -259,10 +259,11 @@ def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_
     (frames sent, RSS MiB) during the run."""
     lat = np.array(rec.latencies) * 1e3
     diag = rec.last_diag
+    files, overrides = planner_settings(args)
     return {
         "model": args.model, "device": args.device, "image": f"{args.width}x{args.height} rgb8",
-        "camera_hz": args.rate, "params_files": planner_settings(args)[0],
-        "decoding_overrides": planner_settings(args)[1],
+        "camera_hz": args.rate, "params_files": files,
+        "decoding_overrides": overrides,
         "frames_published": args.frames, "plans_received": len(rec.latencies), "plans_valid": rec.valid,
         "frames_not_planned": args.frames - len(rec.latencies),
         # of those: lost before the node's callback (transport, best effort) vs dropped by the node
