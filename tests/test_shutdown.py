@@ -254,3 +254,13 @@ def test_latency_probe_counts_unplanned_frames_per_tenth_of_the_run():
     planned = [s for s in published if s not in (100, 101, 102, 119)]
     assert unplanned_by_tenth(published, planned) == [2, 1, 0, 0, 0, 0, 0, 0, 0, 1]
     assert unplanned_by_tenth({}, []) == [0] * 10
+
+
+def test_latency_probe_records_when_it_published_late_itself():
+    from wam_diff_ros.latency_probe import publish_lateness
+
+    late = [0.001] * 18 + [0.35, 0.25]  # a stall of the probe near the end: two frames went out 250-350 ms late
+    rec = publish_lateness(late, period_s=0.1)
+    assert rec["p50_ms"] == pytest.approx(1.0) and rec["max_ms"] == pytest.approx(350.0)
+    assert rec["frames_late_by_a_period_by_tenth"] == [0] * 9 + [2]
+    assert publish_lateness([], 0.1)["max_ms"] is None

@@ -59,10 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
 @console_main("wam-diff-demo")
 def main(argv: Optional[list[str]] = None) -> int:
     import rclpy
-    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.executors import ExternalShutdownException
     from rclpy.lifecycle import TransitionCallbackReturn
     from rclpy.parameter import Parameter
 
+    from .executor import ReadyOnceExecutor
     from .highway_bridge_node import HighwayBridgeNode
     from .planner_node import PlannerNode
 
@@ -97,7 +98,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rclpy.init(args=ros_args)
     planner = PlannerNode(namespace=args.namespace, parameter_overrides=planner_overrides)
     bridge = HighwayBridgeNode(namespace=args.namespace, parameter_overrides=bridge_overrides)
-    executor = MultiThreadedExecutor(num_threads=4)
+    executor = ReadyOnceExecutor(num_threads=4)
     executor.add_node(planner)
     executor.add_node(bridge)
     spinner = threading.Thread(target=executor.spin, daemon=True)

@@ -269,11 +269,13 @@ class HighwayBridgeNode(Node):
 @console_main("wam-diff-highway-bridge")
 def main(argv: Optional[list[str]] = None) -> int:
     """Console script `wam-diff-highway-bridge`: drive the routes, print the scores, exit."""
-    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.executors import ExternalShutdownException
+
+    from .executor import ReadyOnceExecutor
 
     rclpy.init(args=argv if argv is not None else sys.argv)
     node = HighwayBridgeNode()
-    executor = MultiThreadedExecutor(num_threads=2)
+    executor = ReadyOnceExecutor(num_threads=2)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reliable", action="store_true",
                         help="reliable camera QoS (default best effort, as cameras publish); depth stays 1")
     parser.add_argument("--load-timeout", type=float, default=300.0)
+    parser.add_argument("--settle-s", type=float, default=2.0,
+                        help="seconds between the camera matching the node and the first frame: DDS discovery ends on "
+                             "both sides (frames sent before the node's reader matched the camera are lost)")
     parser.add_argument("--out", default="runs/ros_latency.json")
     return parser
 
@@ -187,6 +190,7 @@ class Probe:
         reliability = ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT
         self.camera = self.node.create_publisher(Image, "camera/image_raw",
                                                  QoSProfile(depth=1, reliability=reliability))
+        self.late_s: list[float] = []  # per frame published: seconds after its due time (the probe's own stalls)
         threading.Thread(target=self.executor.spin, daemon=True).start()
 
     def wait_connected(self, timeout_s: float = 30.0) -> None:
@@ -219,7 +223,8 @@ class Probe:
             header = Header(frame_id="camera_front")
             header.stamp.sec, header.stamp.nanosec = stamp_ns // 1_000_000_000, stamp_ns % 1_000_000_000
             msg = Image(header=header, height=args.height, width=args.width, encoding="rgb8", step=step, data=data)
-            published[stamp_ns] = time.perf_counter()
+            published[stamp_ns] = now = time.perf_counter()
+            self.late_s.append(now - target)
             self.camera.publish(msg)
             after_frame(i + 1)
         return time.perf_counter() - t0
@@ -253,10 +258,23 @@ def unplanned_by_tenth(published: dict[int, float], planned: list[int]) -> list[
     return [sum(1 for i in missed if i * 10 // n == tenth) for tenth in range(10)]
 
 
+def publish_lateness(late_s: list[float], period_s: float) -> dict:
+    """How late the probe published its frames: p50 and max in ms, and the frames published more than one camera
+    period after their due time per tenth of the run. A stall of the probe itself shows here: the frames due during
+    it go out back to back after it, and a depth-1 queue keeps only the last, so they count as lost in transport."""
+    late = np.asarray(late_s, dtype=float)
+    n = max(len(late), 1)
+    over = [i for i, v in enumerate(late) if v > period_s]
+    return {"p50_ms": float(np.median(late) * 1e3) if len(late) else None,
+            "max_ms": float(late.max() * 1e3) if len(late) else None,
+            "frames_late_by_a_period_by_tenth": [sum(1 for i in over if i * 10 // n == t) for t in range(10)]}
+
+
 def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_s: float,
-                   start: tuple[float, float], end: tuple[float, float], rss_samples: list[tuple[int, float]]) -> dict:
+                   start: tuple[float, float], end: tuple[float, float], rss_samples: list[tuple[int, float]],
+                   late_s: Optional[list[float]] = None) -> dict:
     """The JSON record of one run; `start` and `end` are the planner's (CPU seconds, RSS MiB), `rss_samples` its
-    (frames sent, RSS MiB) during the run."""
+    (frames sent, RSS MiB) during the run, `late_s` per frame how late the probe published it."""
     lat = np.array(rec.latencies) * 1e3
     diag = rec.last_diag
     files, overrides = planner_settings(args)
@@ -270,7 +288,7 @@ def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_
         "frames_lost_in_transport": (args.frames - int(diag["frames_received"])) if diag else None,
         "frames_dropped_by_node": int(diag["frames_dropped"]) if diag else None,
         "frames_not_planned_by_tenth": unplanned_by_tenth(rec.published, rec.planned),
-        "camera_qos": "reliable" if args.reliable else "best_effort",
+        "camera_qos": "reliable" if args.reliable else "best_effort", "settle_s": args.settle_s,
         "latency_ms": {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
                        "max": float(lat.max())} if len(lat) else None,
         "decode_ms_p50": float(np.percentile(rec.decode_s, 50) * 1e3) if rec.decode_s else None,
@@ -279,6 +297,7 @@ def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_
         "planner_rss_mib": rss_record(start[1], rss_samples, args.warmup_frames, end[1]),
         "model_load_s": load_s, "publish_s": send_s, "cpus": os.cpu_count(),
         "node_diagnostics": diag,
+        "probe_publish_lateness": publish_lateness(late_s or [], 1.0 / args.rate),
     }
 
 
@@ -286,6 +305,7 @@ def measure(args: argparse.Namespace, planner: Planner, probe: Probe, rec: Recor
     """Wait for the planner, publish the frames, collect the plans: the run's record."""
     load_s = planner.wait_active(args.load_timeout)
     probe.wait_connected()
+    time.sleep(args.settle_s)
     start = planner.usage()
     marks, samples = rss_marks(args.frames, args.warmup_frames), []
 
@@ -295,7 +315,7 @@ def measure(args: argparse.Namespace, planner: Planner, probe: Probe, rec: Recor
 
     send_s = probe.publish_frames(args, rec.published, after_frame)
     rec.wait_for_last_plans()
-    return latency_result(args, rec, load_s, send_s, start, planner.usage(), samples)
+    return latency_result(args, rec, load_s, send_s, start, planner.usage(), samples, probe.late_s)
 
 
 def print_table(args: argparse.Namespace, result: dict) -> None:

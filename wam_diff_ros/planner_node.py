@@ -41,7 +41,7 @@ from nav_msgs.msg import Odometry, Path
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.impl.implementation_singleton import rclpy_implementation  # RCLError lives here
 from rclpy.lifecycle import LifecycleNode, LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
@@ -58,6 +58,7 @@ from wam_diff_msgs.srv import AskQuestion
 
 from .camera_sync import ApproximateTimeSync, FrameSet, StampedFrame
 from .ego_motion import EgoMotion
+from .executor import ReadyOnceExecutor
 from .image_conversion import compressed_msg_to_rgb, image_msg_to_rgb
 from .input_checks import command_text, odometry_sample, question_text, route_target, stamp_ns
 from .lifecycle_transitions import TransitionFailure, serialize_change_state, transition
@@ -672,7 +673,7 @@ def main(argv: Optional[list[str]] = None, policy_factory: Optional[Callable] = 
         stop(restore=True)
         raise
     # three threads: a transition (a model load) never holds up get_state, parameters, /diagnostics or the inputs
-    executor = MultiThreadedExecutor(num_threads=3)
+    executor = ReadyOnceExecutor(num_threads=3)
     executor.add_node(node)
     try:  # a signal may come at any moment, also during autostart
         if node.get_parameter("autostart").value:
