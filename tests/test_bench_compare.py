@@ -83,8 +83,14 @@ def test_entries_spell_label_model_steps_and_settings(spec, label, model, decodi
     assert (e.label, e.model, e.decoding, e.threads) == (label, model, decoding, threads)
 
 
+def test_an_entry_may_load_its_weights_in_its_own_dtype():
+    assert parse_entry("b=models/m@2:dtype=bfloat16").dtype == "bfloat16"
+    assert parse_entry("models/m").dtype is None
+
+
 @pytest.mark.parametrize("spec, message", [("m@x4", "@x4"), ("m:speed=2", "'speed=2'"), ("m:threads=0", "threads='0'"),
-                                           ("=m", "no label"), ("a=", "no model")])
+                                           ("=m", "no label"), ("a=", "no model"),
+                                           ("m:dtype=fp8", "dtype='fp8'")])
 def test_bad_entries_are_named(spec, message):
     with pytest.raises(EntryError, match=message):
         parse_entry(spec)

@@ -83,6 +83,10 @@ TEXT_LAYERS = ("model", "fast", "compiled")
 ATTENTION_BACKENDS = ("sdpa", "flex", "flashinfer")
 # weight dtypes a user may ask for (model/precision.py; unset: the checkpoint's own on a GPU, float32 on a CPU)
 DTYPES = ("float32", "bfloat16", "float16")
+# "auto" (DrivingPolicy.load): on a CPU bfloat16 for block decoding (B > 1) where the CPU multiplies bf16 natively
+# (AVX512-BF16 or AMX), else float32; on a GPU the checkpoint's own
+DTYPE_AUTO = "auto"
+DTYPE_CHOICES = DTYPES + (DTYPE_AUTO,)
 
 # Tasks the policy can answer in one token space.
 TASKS = ("planning", "detection", "qa")

@@ -23,7 +23,7 @@ from .decoding.config import DecoderConfig, resolve_decoding
 from .decoding.constraint import planning_constraint
 from .errors import WamDiffError
 from .model.checkpoint import LoadedModel, load
-from .model.precision import parse_dtype
+from .model.precision import DTYPE_AUTO, auto_dtype, parse_dtype
 from .model.processor import check_image
 from .model.runner import ModelRunner
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
@@ -124,14 +124,18 @@ class DrivingPolicy:
              dtype: str | torch.dtype | None = None, **decoding) -> "DrivingPolicy":
         """A preset name ("nano"), a local checkpoint directory or the shipped model's name (`model.shipped.resolve_model`),
         its weights in `dtype` ("float32", "bfloat16", "float16"; None: the checkpoint's own on a GPU, float32 on a
-        CPU, `model.precision`), decoding with the checkpoint's own settings (its wam_diff.json) and `decoding`
+        CPU; "auto": bfloat16 for block decoding on a CPU with native bf16, `model.precision`), decoding with the checkpoint's own settings (its wam_diff.json) and `decoding`
         (DecoderConfig fields; None = unset, the checkpoint's) on top (`resolve_decoding`). Settings are checked
         before the weights load."""
-        parse_dtype(dtype)
+        auto = dtype == DTYPE_AUTO
+        parse_dtype(None if auto else dtype)
         check_tasks(tasks)
         check_device_settings(device, resolve_decoding(DecoderConfig(), **decoding))
-        loaded = load(model, device=device, dtype=dtype)
-        return cls(loaded, resolve_decoding(loaded.settings.decoding, **decoding), tasks)
+        loaded = load(model, device=device, dtype=None if auto else dtype)
+        config = resolve_decoding(loaded.settings.decoding, **decoding)
+        if auto:
+            loaded.model.to(auto_dtype(device, config.block_size, next(loaded.model.parameters()).dtype))
+        return cls(loaded, config, tasks)
 
     @property
     def processor(self):

@@ -19,7 +19,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.parameter import Parameter
 from rclpy.validate_topic_name import validate_topic_name
 
-from wam_diff_core.constants import (ATTENTION_BACKENDS, DTYPES, NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, SCHEDULES, SHIPPED_MODEL,
+from wam_diff_core.constants import (ATTENTION_BACKENDS, DTYPE_CHOICES, NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, SCHEDULES, SHIPPED_MODEL,
                                      STRATEGIES, TASKS, TEXT_LAYERS)
 from wam_diff_core.errors import WamDiffError
 from wam_diff_core.types import check_command
@@ -57,7 +57,8 @@ PARAMETERS: dict[str, Spec] = {
                                  f"share/wam_diff_ros/models/{SHIPPED_MODEL} of an install prefix), a preset name or "
                                  f"a local checkpoint directory; 'fake' = no model (wiring tests)"),
     "device": Spec("cpu", "torch device: cpu, cuda, cuda:0, ..."),
-    "dtype": Spec("", "weights' dtype ('' = the checkpoint's own on a GPU, float32 on a CPU)", choices=("",) + DTYPES),
+    "dtype": Spec("", "weights' dtype ('' = the checkpoint's own on a GPU, float32 on a CPU; auto = bfloat16 for B > 1 "
+                      "on a CPU with native bf16)", choices=("",) + DTYPE_CHOICES),
     "attention_backend": Spec("sdpa", "attention backend (flashinfer: GPU)", choices=ATTENTION_BACKENDS),
     "cuda_graphs": Spec(False, "capture the block decode step as a CUDA graph (GPU only)"),
     "text_layers": Spec("model", "text layers: the model's own, 'fast' (merged projections, same math) or "

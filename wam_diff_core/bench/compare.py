@@ -130,7 +130,7 @@ def summarise(entries: Sequence[Entry], policies: Sequence, rounds: list[list[di
     rows = []
     for i, (entry, policy) in enumerate(zip(entries, policies)):
         config = getattr(policy, "config", None)
-        rows.append({"label": entry.label, "model": entry.model, "threads": entry.threads,
+        rows.append({"label": entry.label, "model": entry.model, "threads": entry.threads, "dtype": entry.dtype,
                      "decoding": asdict(config) if is_dataclass(config) else dict(entry.decoding)}
                     | _entry_row(i, rounds, frames))
     per_frame = [{"id": f.id, "scenario": f.scenario,
@@ -160,7 +160,8 @@ def load_entries(args, specs: list[str]) -> tuple[list, list, str, list]:
     entries = parse_entries(specs)
     user = decoding_arguments(args)
     dtype = user.pop("dtype", None)
-    policies = [DrivingPolicy.load(e.model, device=args.device, dtype=dtype, **(user | e.decoding)) for e in entries]
+    policies = [DrivingPolicy.load(e.model, device=args.device, dtype=e.dtype or dtype, **(user | e.decoding))
+                for e in entries]
     source, frames = frame_source(args, policies)
     return entries, policies, source, frames
 

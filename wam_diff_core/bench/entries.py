@@ -3,7 +3,8 @@
 MODEL is what `DrivingPolicy.load` takes (a checkpoint directory, the shipped model's name, a preset); every
 entry decodes with its checkpoint's own settings (its wam_diff.json), the command line's decoding options on
 top, then its own @K (steps), @BxK (block size and steps) and KEY=VALUE settings (DecoderConfig fields, e.g.
-`:text_layers=fast:threshold=0.8`; on / off for switches), and `threads=N` (torch CPU threads while it plans).
+`:text_layers=fast:threshold=0.8`; on / off for switches), `threads=N` (torch CPU threads while it plans) and
+`dtype=D` (the weights' dtype, one of `DTYPE_CHOICES`; default the command line's `--dtype`, else the checkpoint's).
 The same checkpoint may appear several times at different settings.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..decoding.config import FIELDS
+from ..constants import DTYPE_CHOICES
 from ..errors import WamDiffError
 
 
@@ -25,6 +27,7 @@ class Entry:
     model: str
     decoding: dict[str, Any] = field(default_factory=dict)  # DecoderConfig fields on top of the command line's
     threads: Optional[int] = None
+    dtype: Optional[str] = None
 
 
 def _value(key: str, text: str, spec: str) -> Any:
@@ -62,18 +65,23 @@ def parse_entry(spec: str) -> Entry:
     if not model or not label:
         raise EntryError(f"entry {spec!r}: no {'model' if label else 'label'}; expected [LABEL=]MODEL[@K | @BxK][:KEY=VALUE ...]")
     decoding: dict[str, Any] = _block_steps(at, spec) if at else {}
-    threads = None
+    threads = dtype = None
     for item in settings:
         key, eq, value = item.partition("=")
-        if not eq or (key not in FIELDS and key != "threads"):
-            raise EntryError(f"entry {spec!r}: {item!r}: expected KEY=VALUE with KEY 'threads' or one of {list(FIELDS)}")
-        if key == "threads":
+        if not eq or (key not in FIELDS and key not in ("threads", "dtype")):
+            raise EntryError(f"entry {spec!r}: {item!r}: expected KEY=VALUE with KEY 'threads', 'dtype' or one of "
+                             f"{list(FIELDS)}")
+        if key == "dtype":
+            if value not in DTYPE_CHOICES:
+                raise EntryError(f"entry {spec!r}: dtype={value!r}: expected one of {list(DTYPE_CHOICES)}")
+            dtype = value
+        elif key == "threads":
             threads = _value(key, value, spec)
             if not isinstance(threads, int) or threads < 1:
                 raise EntryError(f"entry {spec!r}: threads={value!r}: expected a positive integer")
         else:
             decoding[key] = _value(key, value, spec)
-    return Entry(label, model, decoding, threads)
+    return Entry(label, model, decoding, threads, dtype)
 
 
 def parse_entries(specs: list[str]) -> list[Entry]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..constants import ATTENTION_BACKENDS, DTYPES, SCHEDULES, STRATEGIES, TEXT_LAYERS
+from ..constants import ATTENTION_BACKENDS, DTYPE_CHOICES, SCHEDULES, STRATEGIES, TEXT_LAYERS
 
 ON_OFF = ("on", "off")
 # the options' dests are DecoderConfig fields: these are given as on / off, the others taken as they are
@@ -23,8 +23,9 @@ _VALUES = ("block_size", "steps", "strategy", "threshold", "schedule", "max_new_
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     """--device, --dtype, and the decoding options (each unset by default: the checkpoint's own)."""
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N (default: cpu)")
-    parser.add_argument("--dtype", choices=DTYPES, default=None,
-                        help="weights' dtype (default: the checkpoint's own on a GPU, float32 on a CPU)")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                        help="weights' dtype (default: the checkpoint's own on a GPU, float32 on a CPU; auto: bfloat16 "
+                             "for B > 1 on a CPU with native bf16)")
     g = parser.add_argument_group("decoding", "default: the checkpoint's own (its wam_diff.json)")
     g.add_argument("--block-size", type=int, default=None, help="B: tokens denoised in parallel (1 = autoregressive)")
     g.add_argument("--steps", type=int, default=None, help="K: denoising steps per block (at most B; B = 1 takes one)")

@@ -1,7 +1,10 @@
 """Weight dtypes: the names a user gives (`DTYPES`) and the dtype a checkpoint's weights are stored in.
 
 Unset (None) means the checkpoint's own on an accelerator and float32 on a CPU: a CPU has the memory, and its
-bf16 / fp16 matmuls are slow. A checkpoint states its own in config.json ("dtype"; transformers 4.5x before 4.56
+bf16 / fp16 matmuls are slow unless it multiplies bf16 natively. "auto" (`auto_dtype`, applied by
+`DrivingPolicy.load`, which knows the block size) takes bfloat16 on such a CPU for block decoding: the 32-token
+forwards of a B = 32 plan run ~1.5x faster there, while one-token forwards (B = 1) run slower than in float32
+(results/bench/cpu_dtype.md); without native bf16 a bf16 plan is ~3x slower than a float32 one. A checkpoint states its own in config.json ("dtype"; transformers 4.5x before 4.56
 wrote "torch_dtype"), else its first floating-point tensor does; a preset (random weights) has float32.
 """
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Optional
 import torch
 from safetensors import safe_open
 
-from ..constants import DTYPES
+from ..constants import DTYPE_AUTO, DTYPE_CHOICES, DTYPES
 from ..errors import WamDiffError
 
 _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,8 +36,11 @@ def parse_dtype(value) -> Optional[torch.dtype]:
         return value
     if isinstance(value, str) and value in _TORCH:
         return _TORCH[value]
-    raise DtypeError(f"dtype {value!r}: expected one of {', '.join(DTYPES)} (unset: the checkpoint's own on a GPU, "
-                     f"float32 on a CPU)")
+    if value == DTYPE_AUTO:
+        raise DtypeError(f"dtype {value!r} is chosen per policy (DrivingPolicy.load); loading weights expects one of "
+                         f"{', '.join(DTYPES)}")
+    raise DtypeError(f"dtype {value!r}: expected one of {', '.join(DTYPE_CHOICES)} (unset: the checkpoint's own on a "
+                     f"GPU, float32 on a CPU)")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -72,6 +78,22 @@ def stored_dtype(path: str | Path, weight_files: list[Path]) -> Optional[torch.d
     return _TORCH[name] if name else None
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX tiles)."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
+def auto_dtype(device: str | torch.device, block_size: int, loaded: torch.dtype) -> torch.dtype:
+    """What "auto" means for a policy decoding blocks of `block_size` whose weights loaded in `loaded` (the
+    checkpoint's own on a GPU, float32 on a CPU): on a CPU bfloat16 when block_size > 1 and `native_bf16()`, else
+    float32; on any other device `loaded`."""
+    if torch.device(device).type != "cpu":
+        return loaded
+    return torch.bfloat16 if block_size > 1 and native_bf16() else torch.float32
+
+
 def resolve_dtype(requested, device: str | torch.device, stored: Optional[torch.dtype] = None) -> torch.dtype:
     """The dtype weights load in: `requested` (a DTYPES name or torch dtype) when set, else float32 on a CPU and
     `stored` (the checkpoint's own; float32 when unknown) on any other device."""
@@ -83,4 +105,5 @@ def resolve_dtype(requested, device: str | torch.device, stored: Optional[torch.
     return stored or torch.float32
 
 
-__all__ = ["DTYPES", "DtypeError", "dtype_name", "parse_dtype", "resolve_dtype", "stored_dtype"]
+__all__ = ["DTYPES", "DTYPE_AUTO", "DTYPE_CHOICES", "DtypeError", "auto_dtype", "dtype_name", "native_bf16",
+           "parse_dtype", "resolve_dtype", "stored_dtype"]

@@ -16,7 +16,7 @@ from wam_diff_core.constants import SHIPPED_MODEL
 from wam_diff_core.control import ControllerConfig
 from wam_diff_core.decoding.config import DecoderConfig, resolve_decoding
 from wam_diff_core.errors import WamDiffError
-from wam_diff_core.model.precision import DTYPES
+from wam_diff_core.model.precision import DTYPE_CHOICES
 from wam_diff_core.plain_yaml import yaml_problem
 
 from .gnss_filter import GnssFilterConfig
@@ -94,7 +94,7 @@ def _dataclass_from(cls, values: Any, source: str, name: str):
 class AgentConfig:
     model: str = SHIPPED_MODEL                        # the shipped model's name, a preset or a checkpoint directory
     device: str = "cpu"
-    dtype: Optional[str] = None                       # float32 | bfloat16 | float16; None: the checkpoint's own on a GPU
+    dtype: Optional[str] = None                       # float32 | bfloat16 | float16 | auto; None: the checkpoint's own on a GPU
     decoding: dict = field(default_factory=dict)     # DecoderConfig fields on the checkpoint's own (resolve_decoding)
     candidates: int = 1                               # trajectories per plan from one prefill (1: the greedy plan)
     scorer: Optional[str] = None                      # perception | likelihood picks the one driven; None: candidate 0
@@ -144,9 +144,9 @@ class AgentConfig:
                 raise AgentConfigError(f"{source}: image_size must be [width, height] positive integers, got {size!r}")
             d["image_size"] = (int(size[0]), int(size[1]))
         d["decoding"] = _check_decoding(d.get("decoding"), source)
-        if d.get("dtype") is not None and d["dtype"] not in DTYPES:
-            raise AgentConfigError(f"{source}: dtype {d['dtype']!r}: expected one of {', '.join(DTYPES)} or null (the "
-                                   f"checkpoint's own on a GPU, float32 on a CPU)")
+        if d.get("dtype") is not None and d["dtype"] not in DTYPE_CHOICES:
+            raise AgentConfigError(f"{source}: dtype {d['dtype']!r}: expected one of {', '.join(DTYPE_CHOICES)} or "
+                                   f"null (the checkpoint's own on a GPU, float32 on a CPU)")
         cfg = cls(**d, source=source)
         cfg._check()
         cfg._check_candidates()
