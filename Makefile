@@ -39,9 +39,11 @@ demo: install
 # decode speed of the shipped B = 32 model against its own AR (B = 1) reading, configurations interleaved, on the
 # CPU; then whole plans of the shipped pair taking turns on the same frames, with planning L2 beside the speed
 bench: install
-	$(VENV)/bin/wam-diff bench --model models/nano-s-b32 --block-sizes 1,32 --steps 4,8 --repeats 15 --device cpu \
+	$(VENV)/bin/wam-diff bench --model models/nano-s-b32 --block-sizes 1,32 --steps 2,4 --repeats 60 --device cpu \
 		--out runs/bench_nano_s_b32.json
-	$(VENV)/bin/wam-diff bench --compare models/nano-s-ar models/nano-s-b32 --samples 100 --out runs/bench_compare.json
+	$(VENV)/bin/wam-diff bench --compare models/nano-s-ar models/nano-s-b32 \
+		"nano-s-b32 node=models/nano-s-b32@2:threshold=0.3:dtype=auto" --samples 100 --threads 1 \
+		--out runs/bench_compare.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info
