@@ -120,7 +120,8 @@ def _launch_default(path: Path, name: str):
 
 def test_launch_files_yaml_and_node_default_to_the_shipped_model_decoding_as_it_says():
     """Out of the box the planner runs models/nano-s-b32 with its own wam_diff.json's decoding settings, except the
-    CPU setting planner.yaml gives (K = 2, threshold 0.3: docs/gpu.md); the node's own defaults leave all unset."""
+    CPU setting planner.yaml gives (K = 2, threshold 0.3, dtype auto: docs/gpu.md); the node's own defaults leave all
+    unset."""
     pytest.importorskip("rclpy", reason="ROS 2 wheels not installed")
     from wam_diff_core.constants import SHIPPED_MODEL
     from wam_diff_ros.planner_node import PARAMETERS, PolicySettings
@@ -131,9 +132,9 @@ def test_launch_files_yaml_and_node_default_to_the_shipped_model_decoding_as_it_
     planner = yaml.safe_load((ROOT / "config" / "planner.yaml").read_text())["/**/wam_diff_planner"]["ros__parameters"]
     demo = yaml.safe_load((ROOT / "config" / "demo.yaml").read_text())["/**/wam_diff_planner"]["ros__parameters"]
     unset = {"block_size": 0, "denoising_steps": 0, "remasking_strategy": "", "remasking_threshold": 0.0,
-             "commit_schedule": "", "forward_only": "", "max_new_tokens": 0}
+             "commit_schedule": "", "forward_only": "", "max_new_tokens": 0, "dtype": ""}
     assert PARAMETERS["model"][0] == planner["model"] == PolicySettings().model == SHIPPED_MODEL
-    cpu_setting = {"denoising_steps": 2, "remasking_threshold": 0.3}
+    cpu_setting = {"denoising_steps": 2, "remasking_threshold": 0.3, "dtype": "auto"}
     for name, value in unset.items():
         assert PARAMETERS[name][0] == value, name
         assert planner[name] == cpu_setting.get(name, value), name
