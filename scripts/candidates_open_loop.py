@@ -14,7 +14,8 @@ rendered into --cache on first use). One JSON line per frame lands in --rows (a 
 distance of the candidates' last waypoints) is printed and written to --json.
 
   scripts/candidates_open_loop.py --model models/nano-s-b32 --candidates 8 --samples 1640 \
-      --rows runs/cand/open_loop_rows.jsonl --json results/candidates/open_loop.json
+      --rows runs/cand/open_loop_rows.jsonl --json results/candidates/open_loop.json \
+      [--steps 2 --threshold 0.3 --dtype auto]   # decoding options; default the checkpoint's own
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from wam_diff_core.bench.frames import planning_frames, route_target_for
+from wam_diff_core.decoding.options import add_decoding_arguments, decoding_arguments
 from wam_diff_core.eval.l2 import l2_report
 from wam_diff_core.eval.pdm import mean_pdms, pdm_score, scene_from_dict
 from wam_diff_core.policy import DrivingPolicy
@@ -124,6 +126,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", required=True, help="JSONL, one line per frame (resumed)")
     parser.add_argument("--json", required=True, help="summary JSON")
     parser.add_argument("--threads", type=int, default=None)
+    add_decoding_arguments(parser)  # default: the checkpoint's own decoding
     args = parser.parse_args(argv)
     if args.threads:
         import torch
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
     rows_path.parent.mkdir(parents=True, exist_ok=True)
     done = {json.loads(line)["id"] for line in rows_path.read_text().splitlines()} if rows_path.is_file() else set()
     todo = [f for f in frames if f.id not in done]
-    policy = DrivingPolicy.load(args.model) if todo else None
+    policy = DrivingPolicy.load(args.model, device=args.device, **decoding_arguments(args)) if todo else None
     with open(rows_path, "a") as fh:
         for frame in tqdm(todo, desc="open loop", unit="frame"):
             fh.write(json.dumps(plan_row(policy, frame, scene_from_dict(scenes[frame.id]), boxes.get(frame.id, []),
@@ -143,7 +146,8 @@ def main(argv=None) -> int:
             fh.flush()
     wanted = {f.id for f in frames}
     rows = [r for r in map(json.loads, rows_path.read_text().splitlines()) if r["id"] in wanted]
-    summary = {"model": args.model, "candidates": args.candidates, "sampling": args.sampling,
+    summary = {"model": args.model, "decoding": decoding_arguments(args), "candidates": args.candidates,
+               "sampling": args.sampling,
                "command": "scripts/candidates_open_loop.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                **summarize(rows, scenes)}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
