@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..decoding.config import FIELDS
 from ..constants import DTYPE_CHOICES
+from ..decoding.config import FIELDS
 from ..errors import WamDiffError
 
 

@@ -4,8 +4,9 @@ Unset (None) means the checkpoint's own on an accelerator and float32 on a CPU: 
 bf16 / fp16 matmuls are slow unless it multiplies bf16 natively. "auto" (`auto_dtype`, applied by
 `DrivingPolicy.load`, which knows the block size) takes bfloat16 on such a CPU for block decoding: the 32-token
 forwards of a B = 32 plan run ~1.5x faster there, while one-token forwards (B = 1) run slower than in float32
-(results/bench/cpu_dtype.md); without native bf16 a bf16 plan is ~3x slower than a float32 one. A checkpoint states its own in config.json ("dtype"; transformers 4.5x before 4.56
-wrote "torch_dtype"), else its first floating-point tensor does; a preset (random weights) has float32.
+(results/bench/cpu_dtype.md); without native bf16 a bf16 plan is up to ~3x slower than a float32 one.
+A checkpoint states its own in config.json ("dtype"; transformers 4.5x before 4.56 wrote "torch_dtype"), else its
+first floating-point tensor does; a preset (random weights) has float32.
 """
 from __future__ import annotations
 
