@@ -124,9 +124,9 @@ class DrivingPolicy:
              dtype: str | torch.dtype | None = None, **decoding) -> "DrivingPolicy":
         """A preset name ("nano"), a local checkpoint directory or the shipped model's name (`model.shipped.resolve_model`),
         its weights in `dtype` ("float32", "bfloat16", "float16"; None: the checkpoint's own on a GPU, float32 on a
-        CPU; "auto": bfloat16 for block decoding on a CPU with native bf16, `model.precision`), decoding with the checkpoint's own settings (its wam_diff.json) and `decoding`
-        (DecoderConfig fields; None = unset, the checkpoint's) on top (`resolve_decoding`). Settings are checked
-        before the weights load."""
+        CPU; "auto": bfloat16 for block decoding on a CPU with native bf16, `model.precision`), decoding with the
+        checkpoint's own settings (its wam_diff.json) and `decoding` (DecoderConfig fields; None = unset, the
+        checkpoint's) on top (`resolve_decoding`). Settings are checked before the weights load."""
         auto = dtype == DTYPE_AUTO
         parse_dtype(None if auto else dtype)
         check_tasks(tasks)
