@@ -90,6 +90,9 @@ DTYPE_CHOICES = DTYPES + (DTYPE_AUTO,)
 
 # Tasks the policy can answer in one token space.
 TASKS = ("planning", "detection", "qa")
+# where a policy's detections come from: the checkpoint's box head (`perception`), the model's text answer, or
+# the head when the checkpoint has one and the text otherwise
+DETECTION_SOURCES = ("auto", "head", "text")
 
 # The shipped model (the B = 32 block-diffusion planner): the default of `wam-diff decode`, `wam-diff demo` and the
 # ROS planner. The name stands for the repository's models/nano-s-b32 (`model.shipped.resolve_model`).

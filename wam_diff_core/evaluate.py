@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .codec import ParseError, parse_answer, parse_detections, parse_trajectory
-from .constants import SHIPPED_MODEL, TASKS
+from .constants import DETECTION_SOURCES, SHIPPED_MODEL, TASKS
 from .decoding.block_diffusion import generate
 from .decoding.config import DecoderConfig
 from .decoding.constraint import planning_constraint
@@ -38,6 +38,7 @@ from .evaluate_data import EvalSample, load_task, read_split
 from .evaluate_detection import detection_scores
 from .evaluate_qa import qa_scores
 from .evaluate_report import markdown
+from .perception import detect
 from .policy import TASK_BUDGET, DrivingPolicy, with_budget
 from .text_confidence import score_detections
 
@@ -99,24 +100,50 @@ def _lengths(values: Sequence[int], budget: int) -> dict:
             "max": int(v.max()), "over_budget_share": float((v > budget).mean())}
 
 
+def _truth(sample: EvalSample):
+    height, width = _images(sample)[0].shape[:2]
+    truth = parse_detections(sample.reference, (width, height))
+    if isinstance(truth, ParseError):
+        raise UsageError(f"sample {sample.sample_id!r}: its reference boxes do not parse ({truth})")
+    return truth
+
+
 def score_detection(policy: DrivingPolicy, samples: Sequence[EvalSample], answers: Sequence[Answer], budget: int) -> dict:
-    """COCO metrics and the per-box account (`evaluate_detection.detection_scores`), with answer and reference
-    lengths in tokens (EOS included) against the budget."""
+    """COCO metrics and the per-box account (`evaluate_detection.detection_scores`) of text answers, with answer
+    and reference lengths in tokens (EOS included) against the budget."""
     tok = policy.processor.tokenizer
-    preds, truths, ref_tokens = [], [], []
+    preds, ref_tokens = [], []
     for s, a in zip(samples, answers):
         height, width = _images(s)[0].shape[:2]
         parsed = parse_detections(a.text, (width, height))
         preds.append(parsed if isinstance(parsed, ParseError) else score_detections(parsed, a.text, a.ids, a.probs, tok))
-        truth = parse_detections(s.reference, (width, height))
-        if isinstance(truth, ParseError):
-            raise UsageError(f"sample {s.sample_id!r}: its reference boxes do not parse ({truth})")
-        truths.append(truth)
         ref_tokens.append(len(tok(s.reference, add_special_tokens=False)["input_ids"]) + 1)
-    out = detection_scores(preds, truths)
+    out = detection_scores(preds, [_truth(s) for s in samples])
     out["answer_tokens"] = _lengths([len(a.ids) + int(a.finished) for a in answers], budget)
     out["reference_tokens"] = _lengths(ref_tokens, budget)
     return out
+
+
+def head_detections(policy: DrivingPolicy, samples: Sequence[EvalSample], batch_size: int,
+                    bar: Optional[tqdm] = None) -> tuple[list, float]:
+    """Every sample's detections from the checkpoint's box head (one vision encode per `batch_size` samples),
+    and the seconds it took."""
+    preds, seconds = [], 0.0
+    patch = policy.loaded.model.config.vision_config.patch_size
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start:start + batch_size]
+        images = [_images(s) for s in chunk]
+        t0 = time.perf_counter()
+        batch = policy.processor.encode([s.prompt for s in chunk], images).to(policy.device)
+        policy.runner.encode_images(batch)
+        vision, grid = policy.runner.last_vision
+        first = np.cumsum([0] + [len(im) for im in images[:-1]])  # each sample's first image in the batch
+        preds += [detect(policy.loaded.box_head, vision, grid, policy.processor.merge_size, patch,
+                         (im[0].shape[1], im[0].shape[0]), int(k)) for im, k in zip(images, first)]
+        seconds += time.perf_counter() - t0
+        if bar is not None:
+            bar.update(len(chunk))
+    return preds, seconds
 
 
 def score_qa(samples: Sequence[EvalSample], answers: Sequence[Answer]) -> dict:
@@ -147,8 +174,14 @@ def score_planning(samples: Sequence[EvalSample], answers: Sequence[Answer]) -> 
 
 def evaluate_task(policy: DrivingPolicy, task: str, samples: Sequence[EvalSample], batch_size: int,
                   bar: Optional[tqdm] = None) -> tuple[dict, list[Answer]]:
-    """One task of one model: decode, score, and how long the decoder took."""
+    """One task of one model: decode (detections: or read from the box head), score, and how long it took."""
     cfg = with_budget(policy.config, (task,))
+    if task == "detection" and policy.detections == "head":
+        preds, seconds = head_detections(policy, samples, batch_size, bar)
+        answers = [Answer(json.dumps([{"bbox_2d": [round(v, 1) for v in d.box_px], "label": d.label,
+                                       "score": round(d.score, 4)} for d in p]), [], None, True) for p in preds]
+        return {**detection_scores(preds, [_truth(s) for s in samples]), "source": "head", "samples": len(samples),
+                "unfinished": 0, "decode_seconds": seconds, "ms_per_frame": 1000 * seconds / len(samples)}, answers
     answers, seconds = decode_task(policy, samples, cfg, batch_size, bar)
     if task == "detection":
         scores = score_detection(policy, samples, answers, cfg.max_new_tokens)
@@ -176,14 +209,15 @@ def model_slugs(models: Sequence[str]) -> list[str]:
 
 def evaluate_model(model: str, data: dict[str, Path], tasks: Sequence[str], limit: int, out: Path,
                    batch_size: int = 8, device: str = "cpu", progress: bool = True, slug: Optional[str] = None,
-                   **decoding) -> dict:
+                   detections: str = "auto", **decoding) -> dict:
     """Every task of `tasks` for one model (a shipped name, preset or checkpoint directory) on `limit` samples of
     its split in `data`; predictions written as OUT/predictions/<slug>_<task>.jsonl. Returns the model's JSON-ready
     result."""
-    policy = DrivingPolicy.load(model, device=device, **decoding)
+    policy = DrivingPolicy.load(model, device=device, detections=detections, **decoding)
     settings = policy.loaded.settings
     samples = {t: load_task(data[t], t, limit, settings.prompt_route_targets) for t in tasks}
     result = {"model": model, "name": policy.loaded.name, "decoding": asdict(policy.config),
+              "detections": policy.detections,
               "parameters": policy.loaded.num_params, "tasks": {}}
     slug = slug or model_slugs([model])[0]
     with tqdm(total=sum(len(s) for s in samples.values()), desc=slug, unit="sample", disable=not progress) as bar:
@@ -230,6 +264,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--samples", type=int, default=200, help="samples per task (default 200; all when fewer)")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per decoder call (default 8)")
     parser.add_argument("--out", required=True, help="output directory: evaluate.json, evaluate.md, predictions/")
+    parser.add_argument("--detections", choices=DETECTION_SOURCES, default="auto",
+                        help="where detections come from: the checkpoint's box head, its text answer, or auto (the head "
+                             "when the checkpoint has one)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_decoding_arguments(parser)
 
@@ -246,7 +283,7 @@ def run(args) -> int:
     decoding = decoding_arguments(args)
     models = args.model or [SHIPPED_MODEL]
     results = [evaluate_model(m, data, tasks, args.samples, out, args.batch_size, args.device, not args.no_progress,
-                              slug, **decoding) for m, slug in zip(models, model_slugs(models))]
+                              slug, args.detections, **decoding) for m, slug in zip(models, model_slugs(models))]
     report = {"tasks": tasks, "samples_per_task": args.samples, "budgets": {t: TASK_BUDGET[t] for t in tasks},
               "decoding_options": decoding, "models": results}
     (out / "evaluate.json").write_text(json.dumps(report, indent=2))

@@ -41,7 +41,8 @@ def _header(models: list[dict]) -> list[str]:
 def _detection_rows(models: list[dict]) -> list[str]:
     d = lambda m: m["tasks"]["detection"]  # noqa: E731
     labels = sorted({k for m in models if "detection" in m["tasks"] for k in d(m).get("per_class", {})})
-    rows = [_row("detection mAP@[.5:.95]", models, lambda m: d(m)["map"], 100.0),
+    rows = [_text_row("detections from", [m.get("detections", "text") for m in models]),
+            _row("detection mAP@[.5:.95]", models, lambda m: d(m)["map"], 100.0),
             _row("detection AP50", models, lambda m: d(m)["ap50"], 100.0),
             _row("detection AP75", models, lambda m: d(m)["ap75"], 100.0)]
     rows += [_row(f"detection AP {k}", models, lambda m, k=k: d(m)["per_class"][k], 100.0) for k in labels]
@@ -49,6 +50,7 @@ def _detection_rows(models: list[dict]) -> list[str]:
              _row("detection recall@10 at IoU 0.5", models, lambda m: d(m)["recall_10_iou50"], 100.0),
              _row("detection answers that parse (%)", models, lambda m: d(m)["breakdown"]["parsed_share"], 100.0),
              _row("detection answers cut at the budget", models, lambda m: d(m)["unfinished"]),
+             _row("detection ms per frame (box head)", models, lambda m: d(m)["ms_per_frame"]),
              _row("detection boxes per frame: exact count (%)", models,
                   lambda m: d(m)["breakdown"]["count"]["exact_share"], 100.0)]
     return rows

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .codec import ParseError, parse_answer, parse_detections, parse_trajectory
-from .constants import TASKS
+from .constants import DETECTION_SOURCES, TASKS
 from .decoding.block_diffusion import generate
 from .decoding.candidates import CandidateSampling, CandidatesError, DecodeRows, check_candidates, check_sampling
 from .decoding.config import DecoderConfig, resolve_decoding
@@ -26,6 +26,7 @@ from .model.checkpoint import LoadedModel, load
 from .model.precision import DTYPE_AUTO, auto_dtype, parse_dtype
 from .model.processor import check_image
 from .model.runner import ModelRunner
+from .perception import detect
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
 from .text_confidence import score_detections
 from .types import Answer, Candidate, DecodeStats, EgoState, Plan, check_command, check_route_target
@@ -103,16 +104,37 @@ def _check_images(images) -> list[np.ndarray]:
     return [check_image(img, f"images[{i}]") for i, img in enumerate(images)]
 
 
+def check_detection_source(requested: str) -> str:
+    if requested not in DETECTION_SOURCES:
+        raise PolicySettingsError(f"detection source {requested!r}: expected one of {list(DETECTION_SOURCES)}")
+    return requested
+
+
+def detection_source(loaded: LoadedModel, requested: str = "auto") -> str:
+    """"head" or "text": where `requested` (one of DETECTION_SOURCES) sends a policy's detections for this
+    checkpoint; a PolicySettingsError for an unknown source or "head" on a checkpoint without one."""
+    check_detection_source(requested)
+    if requested == "head" and loaded.box_head is None:
+        raise PolicySettingsError(f"detection source 'head': model {loaded.name!r} has no box head "
+                                  f"(box_head.json / box_head.safetensors; `wam-diff-train box-head` trains one)")
+    if requested == "auto":
+        return "head" if loaded.box_head is not None else "text"
+    return requested
+
+
 class DrivingPolicy:
     """`config`: the DecoderConfig it decodes with (default: the checkpoint's own, its wam_diff.json);
-    `tasks`: what plan() answers unless told otherwise (a subset of POLICY_TASKS)."""
+    `tasks`: what plan() answers unless told otherwise (a subset of POLICY_TASKS); `detections`: where its
+    detections come from (DETECTION_SOURCES: "auto" = the checkpoint's box head when it has one, else the
+    text answer)."""
 
     def __init__(self, loaded: LoadedModel, config: DecoderConfig | None = None,
-                 tasks: Sequence[str] = ("planning",)):
+                 tasks: Sequence[str] = ("planning",), detections: str = "auto"):
         if loaded.processor is None:
             raise ValueError(f"model {loaded.name!r} has no tokenizer/processor; a policy needs a full checkpoint")
         self.config = config or resolve_decoding(loaded.settings.decoding)
         self.tasks = check_tasks(tasks)
+        self.detections = detection_source(loaded, detections)
         self.loaded = loaded
         device = next(loaded.model.parameters()).device
         check_device_settings(device, self.config)
@@ -121,21 +143,23 @@ class DrivingPolicy:
 
     @classmethod
     def load(cls, model: str, device: str = "cpu", tasks: Sequence[str] = ("planning",),
-             dtype: str | torch.dtype | None = None, **decoding) -> "DrivingPolicy":
+             dtype: str | torch.dtype | None = None, detections: str = "auto", **decoding) -> "DrivingPolicy":
         """A preset name ("nano"), a local checkpoint directory or the shipped model's name (`model.shipped.resolve_model`),
         its weights in `dtype` ("float32", "bfloat16", "float16"; None: the checkpoint's own on a GPU, float32 on a
         CPU; "auto": bfloat16 for block decoding on a CPU with native bf16, `model.precision`), decoding with the
         checkpoint's own settings (its wam_diff.json) and `decoding` (DecoderConfig fields; None = unset, the
-        checkpoint's) on top (`resolve_decoding`). Settings are checked before the weights load."""
+        checkpoint's) on top (`resolve_decoding`); `detections` as the constructor's. Settings are checked before
+        the weights load."""
         auto = dtype == DTYPE_AUTO
         parse_dtype(None if auto else dtype)
         check_tasks(tasks)
+        check_detection_source(detections)
         check_device_settings(device, resolve_decoding(DecoderConfig(), **decoding))
         loaded = load(model, device=device, dtype=None if auto else dtype)
         config = resolve_decoding(loaded.settings.decoding, **decoding)
         if auto:
             loaded.model.to(auto_dtype(device, config.block_size, next(loaded.model.parameters()).dtype))
-        return cls(loaded, config, tasks)
+        return cls(loaded, config, tasks, detections)
 
     @property
     def processor(self):
@@ -190,15 +214,17 @@ class DrivingPolicy:
         if n > 1 and "planning" not in tasks:
             raise CandidatesError(f"candidates={n} are planning answers; tasks {tasks} ask for none")
         start = time.perf_counter()
-        text_for = {"planning": planning_prompt(ego_state, command, target), "detection": detection_prompt()}
-        prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
-        cfg = with_budget(self.config, tasks)
-        rows = DecodeRows.for_candidates(tasks, n, sampling, cfg.seed) if n > 1 else None
-        extra = {} if rows is None else {"rows": rows}  # one answer per prompt: the call it always was
-        result, texts = self._decode(prompts, images, cfg, tasks, ego_state, **extra)
-        plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(tasks, texts)))
-        probs = result.token_probs or [None] * len(texts)
-        for row, task in enumerate(tasks):
+        from_head = "detection" in tasks and self.detections == "head"
+        decoded = tuple(t for t in tasks if not (from_head and t == "detection"))
+        result, texts, rows = (self._answer(images, ego_state, command, target, decoded, n, sampling)
+                               if decoded else (None, [], None))
+        plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(decoded, texts)))
+        timings = dict(result.timings) if result is not None else {}
+        if from_head:
+            self._head_detections(plan, images, timings, encode=not decoded)
+        probs = (result.token_probs if result is not None else None) or [None] * len(texts)
+        cfg = with_budget(self.config, decoded) if decoded else self.config
+        for row, task in enumerate(decoded):
             if task == "detection":
                 self._detections(plan, images[0], row, texts[row], result, cfg.max_new_tokens)
                 continue
@@ -208,9 +234,35 @@ class DrivingPolicy:
             plan.trajectory, plan.valid = plan.candidates[0].trajectory, plan.candidates[0].valid
             if plan.candidates[0].error is not None:
                 plan.errors["planning"] = plan.candidates[0].error
-        plan.timings = {**result.timings, "plan_total": time.perf_counter() - start}
-        plan.stats["decode"] = DecodeStats(tokens=result.tokens, forwards=result.forwards, timings=dict(result.timings))
+        plan.timings = {**timings, "plan_total": time.perf_counter() - start}
+        if result is not None:
+            plan.stats["decode"] = DecodeStats(tokens=result.tokens, forwards=result.forwards, timings=dict(result.timings))
         return plan
+
+    def _answer(self, images: list[np.ndarray], ego_state: EgoState, command: str, target, tasks: tuple[str, ...],
+                n: int, sampling):
+        """Decode the text answers of `tasks` (one prompt each; N planning candidates when n > 1): (result,
+        texts, rows or None)."""
+        text_for = {"planning": planning_prompt(ego_state, command, target), "detection": detection_prompt()}
+        prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
+        cfg = with_budget(self.config, tasks)
+        rows = DecodeRows.for_candidates(tasks, n, sampling, cfg.seed) if n > 1 else None
+        extra = {} if rows is None else {"rows": rows}  # one answer per prompt: the call it always was
+        result, texts = self._decode(prompts, images, cfg, tasks, ego_state, **extra)
+        return result, texts, rows
+
+    def _head_detections(self, plan: Plan, images: list[np.ndarray], timings: dict, encode: bool) -> None:
+        """The box head's detections of the first image into `plan.detections`, from the vision encoder's output
+        of this plan's decode (or of its own encode when nothing was decoded); its time as timings["box_head"]."""
+        t0 = time.perf_counter()
+        if encode:
+            batch = self.processor.encode([chat_prompt(detection_prompt(), len(images))], [images]).to(self.device)
+            self.runner.encode_images(batch)
+        vision, grid = self.runner.last_vision
+        height, width = images[0].shape[:2]
+        patch = self.loaded.model.config.vision_config.patch_size
+        plan.detections = detect(self.loaded.box_head, vision, grid, self.processor.merge_size, patch, (width, height))
+        timings["box_head"] = time.perf_counter() - t0
 
     def _detections(self, plan: Plan, image: np.ndarray, row: int, text: str, result, budget: int) -> None:
         """Parse row `row`'s detection answer into `plan.detections`, or its error into `plan.errors`."""

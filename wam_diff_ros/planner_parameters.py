@@ -19,8 +19,8 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.parameter import Parameter
 from rclpy.validate_topic_name import validate_topic_name
 
-from wam_diff_core.constants import (ATTENTION_BACKENDS, DTYPE_CHOICES, NAV_COMMANDS, ROUTE_TARGET_AHEAD_M, SCHEDULES, SHIPPED_MODEL,
-                                     STRATEGIES, TASKS, TEXT_LAYERS)
+from wam_diff_core.constants import (ATTENTION_BACKENDS, DETECTION_SOURCES, DTYPE_CHOICES, NAV_COMMANDS,
+                                     ROUTE_TARGET_AHEAD_M, SCHEDULES, SHIPPED_MODEL, STRATEGIES, TASKS, TEXT_LAYERS)
 from wam_diff_core.errors import WamDiffError
 from wam_diff_core.types import check_command
 
@@ -80,6 +80,9 @@ PARAMETERS: dict[str, Spec] = {
                              "'' (the checkpoint's own)", choices=("", "on", "off")),
     "tasks": Spec(["planning"], f"tasks run on every frame set, a non-empty subset of {list(PLAN_TASKS)}",
                   runtime=True),
+    "detections": Spec("auto", "where detections come from: the checkpoint's box head (read from the vision encoder, "
+                               "no extra decoding), its text answer, or auto (the head when the checkpoint has one)",
+                        choices=DETECTION_SOURCES),
     "candidates": Spec(1, "candidate trajectories per frame set, decoded as one batch from one prefill (1 = the "
                           "greedy plan alone; more: eager decoding, no CUDA graphs or FlashInfer)", runtime=True,
                        bounds=(1, MAX_CANDIDATES)),
@@ -213,7 +216,7 @@ def read_config(values: dict) -> dict:
         remasking_strategy=cfg["remasking_strategy"], remasking_threshold=cfg["remasking_threshold"],
         max_new_tokens=cfg["max_new_tokens"], tasks=cfg["tasks"], kinematic_envelope=cfg["kinematic_envelope"],
         commit_schedule=cfg["commit_schedule"], forward_only=cfg["forward_only"], text_layers=cfg["text_layers"],
-        torch_threads=cfg["torch_threads"])
+        torch_threads=cfg["torch_threads"], detections=cfg["detections"])
     return cfg
 
 

@@ -32,6 +32,7 @@ class PolicySettings:
     forward_only: str = ""  # "on", "off"
     text_layers: str = "model"
     torch_threads: int = 0  # 0 = torch's default (one per core)
+    detections: str = "auto"  # DETECTION_SOURCES: the box head, the text answer, auto (the head when there is one)
 
 
 def load_policy(settings: PolicySettings):
@@ -49,7 +50,7 @@ def load_policy(settings: PolicySettings):
     if s.torch_threads:
         torch.set_num_threads(s.torch_threads)  # process-wide: the planning thread is the node's only torch user
     return DrivingPolicy.load(
-        s.model, device=s.device, dtype=s.dtype or None, tasks=s.tasks, block_size=s.block_size or None, steps=s.denoising_steps or None,
+        s.model, device=s.device, dtype=s.dtype or None, tasks=s.tasks, detections=s.detections, block_size=s.block_size or None, steps=s.denoising_steps or None,
         strategy=s.remasking_strategy or None, threshold=s.remasking_threshold or None,
         schedule=s.commit_schedule or None, forward_only={"on": True, "off": False}.get(s.forward_only),
         max_new_tokens=s.max_new_tokens or None, backend=s.attention_backend, cuda_graphs=s.cuda_graphs,

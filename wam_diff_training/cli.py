@@ -12,7 +12,7 @@
   wam-diff-train provenance RUN_A RUN_B     (which recorded input or step output differs between two runs)
   wam-diff-train report  --spec wam_diff_training/configs/report.yaml --out runs/report [--resume] [--no-closed-loop]
                          (evaluate models: markdown table, plots, JSON)
-  wam-diff-train l2-gap | speed-pass | balance-waits | bending-samples ...   (see COMMANDS; each with --help)
+  wam-diff-train l2-gap | speed-pass | balance-waits | bending-samples | box-head ...   (see COMMANDS; each with --help)
 
 Any config key can be set with `--set section.key=value` (repeatable); the named flags are shortcuts.
 Runs under `torchrun --nproc_per_node N -m wam_diff_training.cli ...` as well (DDP; gloo on CPU).
@@ -41,6 +41,7 @@ COMMANDS = {
     "speed-pass": ("wam_diff_training.report.speed_pass", "planning tokens/s of several decodings taking turns per sample"),
     "balance-waits": ("wam_diff_training.balance_waits", "junction waits rebalanced: DIR/train_balanced.json beside each file"),
     "bending-samples": ("wam_diff_training.bending_samples", "the planning samples whose target bends: DIR/train_bending.json"),
+    "box-head": ("wam_diff_training.box_head", "train a checkpoint's box head on its frozen vision features"),
 }
 
 

@@ -24,6 +24,7 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from ..constants import EOS_TOKEN, IMAGE_PAD_TOKEN, PAD_TOKEN, VIDEO_PAD_TOKEN, VISION_END_TOKEN, VISION_START_TOKEN, WAM_DIFF_CONFIG_NAME
 from ..errors import WamDiffError
+from ..perception import BoxHead, load_box_head, save_box_head
 from .atomic import atomic_directory
 from .presets import QWEN_SPECIAL_IDS, PresetError, build_config, get_preset, preset_names
 from .precision import parse_dtype, resolve_dtype, stored_dtype
@@ -54,6 +55,7 @@ class LoadedModel:
     processor: Optional[VLProcessor]  # None for architecture presets without a tokenizer
     settings: WamDiffSettings
     name: str
+    box_head: Optional[BoxHead] = None  # the checkpoint's box head (`perception`), if it has one
 
     @property
     def num_params(self) -> int:
@@ -212,7 +214,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: str 
             mask_token_id=processor.mask_token_id,
             eos_token_id=processor.tokenizer.convert_tokens_to_ids(EOS_TOKEN),
         ).for_block_size(1)
-    return LoadedModel(model, processor, settings, name=str(path))
+    head = load_box_head(path, model.config.vision_config, device)  # None without one; BoxHeadError names the file
+    return LoadedModel(model, processor, settings, name=str(path), box_head=head)
 
 
 def save_model(loaded: LoadedModel, path: str | Path, state_dict: Optional[dict] = None,
@@ -231,6 +234,8 @@ def save_model(loaded: LoadedModel, path: str | Path, state_dict: Optional[dict]
         if loaded.processor is not None:
             loaded.processor.save_pretrained(tmp)
         loaded.settings.save(tmp)
+        if loaded.box_head is not None:
+            save_box_head(loaded.box_head, tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
     return Path(path)

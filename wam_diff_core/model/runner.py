@@ -1,6 +1,7 @@
 """ModelRunner: the forwards the decoders need, over a Qwen3-VL model and a BlockKVCache.
 
-- `encode_images`: the vision tower (timed apart from prefill);
+- `encode_images`: the vision tower (timed apart from prefill); its output stays in `last_vision` for heads
+  that read it after a decode (the box head);
 - `prefill`: the prompt under the block-causal mask, writing the cache, returning the last logits;
 - `forward_tokens`: text tokens at given positions against the cache (a denoising step, a commit,
   or both fused), returning final hidden states; `logits` applies the LM head only where asked.
@@ -36,6 +37,7 @@ class ModelRunner:
         self.forwards = 0  # model forwards since the last reset (a batched forward counts once)
         self.layers = None  # another text layer stack for forward_tokens (forward(tokens, rope, cache, spec))
         self._stacks: dict[str, object] = {}
+        self.last_vision: Optional[tuple] = None  # (encoder output, image_grid_thw) of the last encode_images
 
     def layer_stack(self, kind: str):
         """The text layer stack of `kind` (`TEXT_LAYERS`): None for the model's own, else the one an extension
@@ -68,6 +70,7 @@ class ModelRunner:
         if batch.pixel_values is None:
             return None
         vision = self.model.model.get_image_features(batch.pixel_values, batch.image_grid_thw, return_dict=True)
+        self.last_vision = (vision, batch.image_grid_thw)
         return {"image": vision}
 
     @torch.inference_mode()
