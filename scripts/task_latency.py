@@ -4,8 +4,9 @@
         --frames 200 --out results/ablations/detection_diagnosis/latency_tasks.json
 
 The ROS planner calls `plan(images, ego, command, tasks=...)` once per camera frame; with `tasks` holding
-detection the box list is decoded in the same batch as the plan (a second row) and the batch runs until both
-rows end, within the larger budget. This measures both settings on the same validation frames (their ego state
+detection the boxes come from the checkpoint's box head (`--detections head`, read from the vision encoder's
+output of the plan's own decode) or, as text (`--detections text`), are decoded in the same batch as the plan
+(a second row) and the batch runs until both rows end, within the larger budget. This measures both settings on the same validation frames (their ego state
 and command), taking turns frame by frame (the order swapped every frame, so load on a shared machine falls on
 both alike), and prints the wall time per call (p50, p95, mean) and the paired ratio.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wam_diff_core.constants import DETECTION_SOURCES, DTYPE_CHOICES
 from wam_diff_core.evaluate import _images
 from wam_diff_core.evaluate_data import load_task
 from wam_diff_core.policy import DrivingPolicy
@@ -42,8 +44,13 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--detections", default="auto", choices=DETECTION_SOURCES)
+    ap.add_argument("--dtype", default=None, choices=DTYPE_CHOICES)
+    ap.add_argument("--steps", type=int, default=None, help="K (default: the checkpoint's)")
+    ap.add_argument("--threshold", type=float, default=None, help="remasking threshold (default: the checkpoint's)")
     args = ap.parse_args()
-    policy = DrivingPolicy.load(args.model)
+    policy = DrivingPolicy.load(args.model, dtype=args.dtype, detections=args.detections, steps=args.steps,
+                                threshold=args.threshold)
     frames = load_task(args.data, "planning", args.frames + args.warmup, policy.loaded.settings.prompt_route_targets)
     settings = {"planning": ("planning",), "planning,detection": ("planning", "detection")}
     ms = {k: [] for k in settings}
@@ -64,7 +71,8 @@ def main() -> int:
     a, b = np.asarray(ms["planning"]), np.asarray(ms["planning,detection"])
     out = {"model": args.model, "frames": len(a), "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} "
            f"torch threads, torch {torch.__version__}", "decoding": {"block_size": policy.config.block_size,
-           "steps": policy.config.steps}, **{k: summary(v) for k, v in ms.items()},
+           "steps": policy.config.steps, "threshold": policy.config.threshold,
+           "dtype": str(next(policy.loaded.model.parameters()).dtype)}, "detections": policy.detections, **{k: summary(v) for k, v in ms.items()},
            "paired_ratio_p50": float(np.median(b / a)), "added_ms_p50": float(np.median(b - a)),
            "detection_answers_parsed_share": parsed / len(b), "boxes_per_frame_mean": float(np.mean(detections))}
     args.out.parent.mkdir(parents=True, exist_ok=True)

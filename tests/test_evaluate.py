@@ -158,7 +158,8 @@ def test_evaluate_command_scores_every_task_of_a_split_and_writes_json_markdown_
     tasks = report["models"][0]["tasks"]
     assert report["models"][0]["decoding"]["block_size"] == 32 and report["models"][0]["decoding"]["steps"] == 4
     assert tasks["detection"]["samples"] == 2 and tasks["detection"]["gt_boxes"] == 3
-    assert tasks["detection"]["budget"] == 192 and tasks["qa"]["budget"] == 64
+    assert tasks["detection"]["source"] == "head" and report["models"][0]["detections"] == "head"
+    assert tasks["qa"]["budget"] == 64
     assert set(tasks["qa"]["per_template"]) == {"visible_count", "left_free"}
     assert tasks["qa"]["per_template"]["left_free"]["majority_accuracy"] == 100.0
     assert tasks["planning"]["samples"] == 2 and tasks["planning"]["unparsable"] + \
@@ -168,6 +169,19 @@ def test_evaluate_command_scores_every_task_of_a_split_and_writes_json_markdown_
     assert "| detection mAP@[.5:.95] |" in capsys.readouterr().out
     assert (out / "evaluate.md").read_text().count("| QA ") == 2 + 2 * 2
     assert isinstance(parse_detections(format_detections(boxes[0]), FRAME), list)
+
+
+def test_evaluate_scores_the_text_box_list_when_asked(tmp_path):
+    from wam_diff_core.cli import main
+
+    path, _ = _tiny_split(tmp_path)
+    out = tmp_path / "out"
+    assert main(["evaluate", "--model", "models/nano-s-b32", "--data", str(path), "--tasks", "detection",
+                 "--detections", "text", "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "evaluate.json").read_text())
+    det = report["models"][0]["tasks"]["detection"]
+    assert report["models"][0]["detections"] == "text" and det["budget"] == 192 and "source" not in det
+    assert det["samples"] == 2 and "answer_tokens" in det
 
 
 def test_evaluate_names_a_missing_split_in_one_line(tmp_path, capsys):

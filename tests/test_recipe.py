@@ -139,14 +139,18 @@ def test_cli_reports_a_missing_command(tmp_path, capsys):
 
 
 def test_the_shipped_recipe_rebuilds_the_shipped_pair_from_its_own_steps():
-    """wam_diff_training/recipes/nano_s.yaml: 27 steps; every config it names exists; the last step exports the B = 32 model
-    to runs/nano_s/nano-s-b32 (step export_ar its AR teacher to runs/nano_s/nano-s-ar); every checkpoint a step
-    starts from is one an earlier step made; no step runs a file under scripts/."""
+    """wam_diff_training/recipes/nano_s.yaml: 29 steps; every config it names exists; step export_b32 exports the B = 32
+    model to runs/nano_s/nano-s-b32 (step export_ar its AR teacher to runs/nano_s/nano-s-ar) and the last two write
+    each one's box head into it; every checkpoint a step starts from is one an earlier step made; no step runs a file
+    under scripts/."""
     recipe = load_recipe(REPO / "wam_diff_training" / "recipes" / "nano_s.yaml")
-    assert len(recipe.steps) == 27 and str(recipe.out) == "runs/nano_s"
-    last = recipe.steps[-1]
-    assert last.run[:2] == ("wam-diff-train", "export") and last.run[3] == "runs/nano_s/nano-s-b32"  # SRC DST
-    assert last.done == "runs/nano_s/nano-s-b32/model.safetensors"
+    assert len(recipe.steps) == 29 and str(recipe.out) == "runs/nano_s"
+    export_b32 = next(s for s in recipe.steps if s.name == "export_b32")
+    assert export_b32.run[:2] == ("wam-diff-train", "export") and export_b32.run[3] == "runs/nano_s/nano-s-b32"
+    assert export_b32.done == "runs/nano_s/nano-s-b32/model.safetensors"
+    for step, model in zip(recipe.steps[-2:], ("runs/nano_s/nano-s-ar", "runs/nano_s/nano-s-b32")):
+        assert step.run[:2] == ("wam-diff-train", "box-head") and step.run[step.run.index("--model") + 1] == model
+        assert step.done == f"{model}/box_head.safetensors"
     export_ar = next(s for s in recipe.steps if s.name == "export_ar")
     assert export_ar.run[3] == "runs/nano_s/nano-s-ar" and export_ar.done == "runs/nano_s/nano-s-ar/model.safetensors"
     made: list[str] = []
@@ -156,7 +160,7 @@ def test_the_shipped_recipe_rebuilds_the_shipped_pair_from_its_own_steps():
         for flag, value in zip(argv, argv[1:]):
             if flag == "--config":
                 assert (REPO / value).is_file(), (step.name, value)
-            if flag in ("--init", "--student", "--teacher", "--policy"):
+            if flag in ("--init", "--student", "--teacher", "--policy", "--model"):
                 assert any(Path(d).is_relative_to(value) for d in made), (step.name, flag, value)
         if step.done:
             made.append(step.done)

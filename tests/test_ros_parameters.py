@@ -158,7 +158,7 @@ def test_descriptors_carry_type_range_and_read_only(ros):
                                   "route_target_max_age_s", "base_frame_id", "diagnostics_period_s", "ask_timeout_s",
                                   "candidates", "scorer", "candidate_sampling"}
     read_only = [n for n in PARAMETERS if params.describe(n).read_only]
-    assert len(read_only) == len(PARAMETERS) - len(RUNTIME_PARAMETERS) == 24
+    assert len(read_only) == len(PARAMETERS) - len(RUNTIME_PARAMETERS) == 25
 
 
 @pytest.mark.parametrize("name, value, message", [

@@ -138,6 +138,8 @@ class Recorder:
         self.planned: list[int] = []  # stamps of the planned frames, in arrival order
         self.decode_s: list[float] = []
         self.valid = 0
+        self.detection_arrays = 0  # Detection2DArrays of frames the probe published (tasks with detection)
+        self.boxes = 0
         self.last_diag: Optional[dict] = None
 
     def on_trajectory(self, msg) -> None:
@@ -149,6 +151,11 @@ class Recorder:
             self.planned.append(key)
             self.decode_s.append(msg.decode_time_s)
             self.valid += int(msg.valid)
+
+    def on_detections(self, msg) -> None:
+        if msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec in self.published:
+            self.detection_arrays += 1
+            self.boxes += len(msg.detections)
 
     def on_diagnostics(self, msg) -> None:
         for status in msg.status:
@@ -178,7 +185,7 @@ class Probe:
         from rclpy.qos import QoSProfile, ReliabilityPolicy
         from sensor_msgs.msg import Image
 
-        from wam_diff_msgs.msg import Trajectory
+        from wam_diff_msgs.msg import Detection2DArray, Trajectory
 
         self.rclpy = rclpy
         rclpy.init()
@@ -186,6 +193,7 @@ class Probe:
         self.executor = SingleThreadedExecutor()
         self.executor.add_node(self.node)
         self.trajectories = self.node.create_subscription(Trajectory, "trajectory", recorder.on_trajectory, 10)
+        self.node.create_subscription(Detection2DArray, "detections", recorder.on_detections, 10)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", recorder.on_diagnostics, 10)
         reliability = ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT
         self.camera = self.node.create_publisher(Image, "camera/image_raw",
@@ -284,6 +292,8 @@ def latency_result(args: argparse.Namespace, rec: Recorder, load_s: float, send_
         "decoding_overrides": overrides,
         "frames_published": args.frames, "plans_received": len(rec.latencies), "plans_valid": rec.valid,
         "frames_not_planned": args.frames - len(rec.latencies),
+        "detection_arrays": rec.detection_arrays,
+        "boxes_per_array": round(rec.boxes / rec.detection_arrays, 3) if rec.detection_arrays else None,
         # of those: lost before the node's callback (transport, best effort) vs dropped by the node
         "frames_lost_in_transport": (args.frames - int(diag["frames_received"])) if diag else None,
         "frames_dropped_by_node": int(diag["frames_dropped"]) if diag else None,
