@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from .constants import NAV_COMMANDS, SHIPPED_MODEL
+from .constants import DETECTION_SOURCES, NAV_COMMANDS, SHIPPED_MODEL
 from .decoding.options import add_decoding_arguments, decoding_arguments
 from .errors import UsageError
 from .policy import POLICY_TASKS, DrivingPolicy
@@ -30,6 +30,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ay", type=float, default=0.0)
     parser.add_argument("--command", default="follow lane", choices=NAV_COMMANDS)
     parser.add_argument("--tasks", default="planning", help=f"comma-separated subset of {POLICY_TASKS}")
+    parser.add_argument("--detections", default="auto", choices=DETECTION_SOURCES,
+                        help="where detections come from: the box head, the text answer, or auto (the head when the "
+                             "checkpoint has one)")
     parser.add_argument("--target", default=None, metavar="X,Y",
                         help="route target point, metres in the ego frame (x forward, y left); stated to checkpoints "
                              "trained with route targets (wam_diff.json route_target), ignored by others")
@@ -81,8 +84,8 @@ def plan_to_json(plan) -> dict:
         "raw_text": plan.raw_text,
         "errors": plan.errors,
         "timings_ms": {k: round(v * 1000, 2) for k, v in plan.timings.items()},
-        "tokens": plan.stats["decode"].tokens,
-        "forwards": plan.stats["decode"].forwards,
+        "tokens": plan.stats["decode"].tokens if "decode" in plan.stats else 0,  # none decoded: boxes from the head
+        "forwards": plan.stats["decode"].forwards if "decode" in plan.stats else 0,
     }
 
 
@@ -92,7 +95,7 @@ def run(args) -> int:
     settings = candidate_arguments(args, has_world=False, where="wam-diff decode", decoding=decoding)
     target = parse_target(args.target)
     image = load_image(args.image)
-    policy = DrivingPolicy.load(args.model, device=args.device, tasks=tasks, **decoding)
+    policy = DrivingPolicy.load(args.model, device=args.device, tasks=tasks, detections=args.detections, **decoding)
     planner = CandidatePlanner(policy, **settings, where="wam-diff decode")
     plan = planner.plan([image], EgoState(args.vx, args.vy, args.ax, args.ay), args.command, target=target)
     out = plan_to_json(plan)
