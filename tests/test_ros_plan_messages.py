@@ -61,6 +61,8 @@ def test_detection_boxes_become_centre_and_size_in_pixels_with_one_scored_hypoth
     assert (d.bbox.size_x, d.bbox.size_y) == (40.0, 20.0)
     assert [(r.hypothesis.class_id, r.hypothesis.score) for r in msg.detections[1].results] == [("car", 0.125)]
     assert detections_msg(None, header).detections == []
+    kept = detections_msg([Detection("car", (1.0, 1.0, 2.0, 2.0), (0, 0, 0, 0), s) for s in (0.1, 0.3, 0.9)], header, 0.3)
+    assert [d.results[0].hypothesis.score for d in kept.detections] == pytest.approx([0.3, 0.9])
 
 
 def test_detection_messages_have_the_field_layout_of_vision_msgs_4():

@@ -78,11 +78,15 @@ def path_msg(plan: Plan, header: Header) -> Path:
     return path
 
 
-def detections_msg(detections: Optional[Sequence[Detection]], header: Header) -> Detection2DArray:
+def detections_msg(detections: Optional[Sequence[Detection]], header: Header, min_score: float = 0.0
+                   ) -> Detection2DArray:
     """Boxes in pixels -> Detection2DArray laid out like vision_msgs 4.x: bbox centre and size in pixels (theta 0),
-    one result per box with its class_id and score (0..1, `Detection.score`), header copied from the input image."""
+    one result per box with its class_id and score (0..1, `Detection.score`), header copied from the input image;
+    boxes scored under `min_score` are left out."""
     out = Detection2DArray(header=header)
     for det in detections or ():
+        if min_score > 0 and float(det.score) < min_score:  # 0: every box, whatever its score
+            continue
         x1, y1, x2, y2 = (float(v) for v in det.box_px)
         hypothesis = ObjectHypothesis(class_id=str(det.label), score=min(max(float(det.score), 0.0), 1.0))
         d = Detection2D(header=header, results=[ObjectHypothesisWithPose(hypothesis=hypothesis)])

@@ -565,7 +565,7 @@ class PlannerNode(LifecycleNode):
         pubs["markers"].publish(marker_array_msg(plan, ego_header))
         if "detection" in cfg["tasks"]:
             camera_header = Header(stamp=stamp, frame_id=frame_set.frames[0].frame_id)
-            pubs["detections"].publish(detections_msg(plan.detections, camera_header))
+            pubs["detections"].publish(detections_msg(plan.detections, camera_header, cfg["detection_min_score"]))
 
     def _ask(self, job: tuple[str, FrameSet]):
         question, frame_set = job

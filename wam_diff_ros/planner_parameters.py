@@ -83,6 +83,9 @@ PARAMETERS: dict[str, Spec] = {
     "detections": Spec("auto", "where detections come from: the checkpoint's box head (read from the vision encoder, "
                                "no extra decoding), its text answer, or auto (the head when the checkpoint has one)",
                         choices=DETECTION_SOURCES),
+    "detection_min_score": Spec(0.0, "boxes scored under this are not published (0 = every box the policy wrote; "
+                                     "the box head's precision and recall per threshold: docs/perception.md)",
+                                runtime=True, bounds=(0.0, 1.0)),
     "candidates": Spec(1, "candidate trajectories per frame set, decoded as one batch from one prefill (1 = the "
                           "greedy plan alone; more: eager decoding, no CUDA graphs or FlashInfer)", runtime=True,
                        bounds=(1, MAX_CANDIDATES)),
