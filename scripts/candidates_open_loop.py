@@ -3,8 +3,9 @@
 
 Each frame is planned once with N candidates and the detection task in the same batch (candidate 0 is the plan
 without candidates, token for token); each scorer then picks among the same candidates:
-  perception  the model's own boxes of this frame (no previous frame open loop: every vehicle stands still),
-              the ego state and the route target the frame's prompt states;
+  perception  the model's own boxes of this frame and, with --previous-frame, of the split's frame 0.3 s earlier
+              on the same route (the forecasts then move; without it every vehicle stands still), the ego state
+              and the route target the frame's prompt states;
   oracle      the frame's PDM scene: the true vehicles with their logged futures and the lanes (the scene the
               PDMS is computed on, so this is the ceiling of scoring, not a method);
   likelihood  the mean token log-probability of each answer.
@@ -40,6 +41,13 @@ from wam_diff_core.scoring.registry import make_scorer
 from wam_diff_core.types import Detection
 
 FRAME_SIZE = (256, 128)
+FRAME_EVERY_S = 0.3  # the validation split's frames: every third 10 Hz tick of a route
+
+
+def previous_id(frame_id: str) -> str | None:
+    """The id of the split's frame before `frame_id` on the same route ('<route>_<tick>_plan', ticks 3 apart)."""
+    head, tick, tail = frame_id.rsplit("_", 2)
+    return f"{head}_{int(tick) - 3:04d}_{tail}" if tick.isdigit() and int(tick) >= 3 else None
 
 
 def load_scenes(cache: Path) -> tuple[dict, dict]:
@@ -54,20 +62,22 @@ def load_scenes(cache: Path) -> tuple[dict, dict]:
     return scenes, boxes
 
 
-def contexts(frame, plan, scene, boxes) -> dict:
+def contexts(frame, plan, scene, boxes, previous=None) -> dict:
     """What each scorer sees on one frame; `perception_true_boxes`: the perception scorer on the world's own boxes
-    of the frame (what it would see with a perfect detector)."""
+    of the frame (what it would see with a perfect detector); `previous`: the model's boxes FRAME_EVERY_S earlier."""
     camera = TopDownCamera(int(frame.image.shape[1]), int(frame.image.shape[0]))
     base = dict(ego=frame.ego, command=frame.command, route_target=frame.target)
     true = tuple(Detection("car", tuple(b), (0, 0, 0, 0), 1.0) for b in boxes)
-    return {"perception": ScoringContext(**base, detections=tuple(plan.detections or ()), camera=camera),
+    earlier = {} if previous is None else {"previous_detections": tuple(previous), "previous_age_s": FRAME_EVERY_S}
+    return {"perception": ScoringContext(**base, detections=tuple(plan.detections or ()), camera=camera, **earlier),
             "perception_true_boxes": ScoringContext(**base, detections=true, camera=camera),
             "oracle": ScoringContext(**base, agents=tuple(scene.agents), lanes=tuple(scene.lanes)),
             "likelihood": ScoringContext(**base)}
 
 
-def plan_row(policy, frame, scene, boxes, n: int, sampling: str) -> dict:
-    """Plan one frame with n candidates and detections; each scorer's choice and scores."""
+def plan_row(policy, frame, scene, boxes, n: int, sampling: str, previous_frame=None) -> dict:
+    """Plan one frame with n candidates and detections; each scorer's choice and scores (`previous_frame`: the
+    route's frame before it, whose detections the perception scorer forecasts from)."""
     settings = policy.loaded.settings
     target = route_target_for(frame, settings.route_target, settings.route_targets_only_on)
     t0 = time.perf_counter()
@@ -78,7 +88,10 @@ def plan_row(policy, frame, scene, boxes, n: int, sampling: str) -> dict:
            "detections": len(plan.detections or ()), "detection_parsed": "detection" not in plan.errors,
            "candidates": [None if c.trajectory is None else c.trajectory.tolist() for c in plan.candidates],
            "logprobs": [round(float(c.logprob), 5) for c in plan.candidates], "chosen": {}, "scores": {}}
-    for name, context in contexts(frame, plan, scene, boxes).items():
+    previous = None if previous_frame is None else \
+        policy.plan([previous_frame.image], previous_frame.ego, previous_frame.command, tasks=("detection",)).detections
+    row["previous_frame"] = previous is not None
+    for name, context in contexts(frame, plan, scene, boxes, previous).items():
         scorer = make_scorer(name.split("_")[0])
         scores = np.asarray(scorer.score(plan.candidates, context), dtype=np.float64)
         row["chosen"][name] = choose(plan, scorer, context).chosen
@@ -113,6 +126,7 @@ def summarize(rows: list[dict], scenes: dict) -> dict:
     out["plan_ms_mean"] = round(1000 * float(np.mean([r["wall_s"] for r in rows])), 1)
     out["detections_per_frame"] = round(float(np.mean([r["detections"] for r in rows])), 3)
     out["detection_answers_parsed"] = round(float(np.mean([r.get("detection_parsed", True) for r in rows])), 4)
+    out["frames_with_previous_frame"] = sum(bool(r.get("previous_frame")) for r in rows)
     return out
 
 
@@ -126,6 +140,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", required=True, help="JSONL, one line per frame (resumed)")
     parser.add_argument("--json", required=True, help="summary JSON")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--previous-frame", action="store_true",
+                        help="the perception scorer also reads the model's boxes of the route's frame 0.3 s earlier")
     add_decoding_arguments(parser)  # default: the checkpoint's own decoding
     args = parser.parse_args(argv)
     if args.threads:
@@ -139,10 +155,12 @@ def main(argv=None) -> int:
     done = {json.loads(line)["id"] for line in rows_path.read_text().splitlines()} if rows_path.is_file() else set()
     todo = [f for f in frames if f.id not in done]
     policy = DrivingPolicy.load(args.model, device=args.device, **decoding_arguments(args)) if todo else None
+    by_id = {f.id: f for f in frames}
     with open(rows_path, "a") as fh:
         for frame in tqdm(todo, desc="open loop", unit="frame"):
+            prev = by_id.get(previous_id(frame.id)) if args.previous_frame else None
             fh.write(json.dumps(plan_row(policy, frame, scene_from_dict(scenes[frame.id]), boxes.get(frame.id, []),
-                                         args.candidates, args.sampling)) + "\n")
+                                         args.candidates, args.sampling, prev)) + "\n")
             fh.flush()
     wanted = {f.id for f in frames}
     rows = [r for r in map(json.loads, rows_path.read_text().splitlines()) if r["id"] in wanted]
