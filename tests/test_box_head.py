@@ -95,13 +95,13 @@ def test_features_of_an_image_do_not_depend_on_its_batch(nano, camera_image):
     merge, names = nano.processor.merge_size, ("patches", "tokens", "deepstack")
     pair = nano.processor.encode([prompt, prompt], [[other], [camera_image]])
     alone = nano.processor.encode([prompt], [[camera_image]])
-    v2, v1 = runner.encode_images(pair)["image"], runner.encode_images(alone)["image"]
-    f2 = vision_features(v2, pair.image_grid_thw, merge, names, image=1)
-    f1 = vision_features(v1, alone.image_grid_thw, merge, names, image=0)
+    both, single = runner.encode_images(pair)["image"], runner.encode_images(alone)["image"]
+    second = vision_features(both, pair.image_grid_thw, merge, names, image=1)
+    own = vision_features(single, alone.image_grid_thw, merge, names, image=0)
     vc = nano.model.config.vision_config
-    assert f1.shape == (1, feature_width(vc, names), 4, 8)  # 256 x 128 frame: 8 x 4 tokens of 32 px
-    assert torch.allclose(f1, f2, atol=1e-4)
-    assert not torch.allclose(f1, vision_features(v2, pair.image_grid_thw, merge, names, image=0), atol=1e-2)
+    assert own.shape == (1, feature_width(vc, names), 4, 8)  # 256 x 128 frame: 8 x 4 tokens of 32 px
+    assert torch.allclose(own, second, atol=1e-4)
+    assert not torch.allclose(own, vision_features(both, pair.image_grid_thw, merge, names, image=0), atol=1e-2)
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,6 @@ from .evaluate_data import EvalSample, load_task, read_split
 from .evaluate_detection import detection_scores
 from .evaluate_qa import qa_scores
 from .evaluate_report import markdown
-from .perception import detect
 from .policy import TASK_BUDGET, DrivingPolicy, with_budget
 from .text_confidence import score_detections
 
@@ -129,17 +128,11 @@ def head_detections(policy: DrivingPolicy, samples: Sequence[EvalSample], batch_
     """Every sample's detections from the checkpoint's box head (one vision encode per `batch_size` samples),
     and the seconds it took."""
     preds, seconds = [], 0.0
-    patch = policy.loaded.model.config.vision_config.patch_size
     for start in range(0, len(samples), batch_size):
         chunk = samples[start:start + batch_size]
         images = [_images(s) for s in chunk]
         t0 = time.perf_counter()
-        batch = policy.processor.encode([s.prompt for s in chunk], images).to(policy.device)
-        policy.runner.encode_images(batch)
-        vision, grid = policy.runner.last_vision
-        first = np.cumsum([0] + [len(im) for im in images[:-1]])  # each sample's first image in the batch
-        preds += [detect(policy.loaded.box_head, vision, grid, policy.processor.merge_size, patch,
-                         (im[0].shape[1], im[0].shape[0]), int(k)) for im, k in zip(images, first)]
+        preds += policy.head_boxes([s.prompt for s in chunk], images)
         seconds += time.perf_counter() - t0
         if bar is not None:
             bar.update(len(chunk))

@@ -29,7 +29,7 @@ from .model.runner import ModelRunner
 from .perception import detect
 from .prompts import chat_prompt, detection_prompt, planning_prompt, qa_prompt
 from .text_confidence import score_detections
-from .types import Answer, Candidate, DecodeStats, EgoState, Plan, check_command, check_route_target
+from .types import Answer, Candidate, DecodeStats, Detection, EgoState, Plan, check_command, check_route_target
 
 # Token budget per task: a trajectory is 16 numbers (digits tokenize one by one), boxes are longer.
 TASK_BUDGET = {"planning": 128, "detection": 192, "qa": 64}
@@ -221,7 +221,10 @@ class DrivingPolicy:
         plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(decoded, texts)))
         timings = dict(result.timings) if result is not None else {}
         if from_head:
-            self._head_detections(plan, images, timings, encode=not decoded)
+            t0 = time.perf_counter()
+            plan.detections = self.head_boxes([chat_prompt(detection_prompt(), len(images))], [images],
+                                              encode=not decoded)[0]
+            timings["box_head"] = time.perf_counter() - t0
         probs = (result.token_probs if result is not None else None) or [None] * len(texts)
         cfg = with_budget(self.config, decoded) if decoded else self.config
         for row, task in enumerate(decoded):
@@ -236,7 +239,8 @@ class DrivingPolicy:
                 plan.errors["planning"] = plan.candidates[0].error
         plan.timings = {**timings, "plan_total": time.perf_counter() - start}
         if result is not None:
-            plan.stats["decode"] = DecodeStats(tokens=result.tokens, forwards=result.forwards, timings=dict(result.timings))
+            plan.stats["decode"] = DecodeStats(tokens=result.tokens, forwards=result.forwards,
+                                               timings=dict(result.timings))
         return plan
 
     def _answer(self, images: list[np.ndarray], ego_state: EgoState, command: str, target, tasks: tuple[str, ...],
@@ -251,18 +255,17 @@ class DrivingPolicy:
         result, texts = self._decode(prompts, images, cfg, tasks, ego_state, **extra)
         return result, texts, rows
 
-    def _head_detections(self, plan: Plan, images: list[np.ndarray], timings: dict, encode: bool) -> None:
-        """The box head's detections of the first image into `plan.detections`, from the vision encoder's output
-        of this plan's decode (or of its own encode when nothing was decoded); its time as timings["box_head"]."""
-        t0 = time.perf_counter()
+    def head_boxes(self, prompts: Sequence[str], images: Sequence[Sequence[np.ndarray]], encode: bool = True
+                   ) -> list[list[Detection]]:
+        """The box head's detections of each prompt's first image (pixels of that image), from one vision encode of
+        the batch; `encode=False` reads the encoder output of the last decode instead (which encoded `images`)."""
         if encode:
-            batch = self.processor.encode([chat_prompt(detection_prompt(), len(images))], [images]).to(self.device)
-            self.runner.encode_images(batch)
+            self.runner.encode_images(self.processor.encode(list(prompts), [list(i) for i in images]).to(self.device))
         vision, grid = self.runner.last_vision
-        height, width = images[0].shape[:2]
         patch = self.loaded.model.config.vision_config.patch_size
-        plan.detections = detect(self.loaded.box_head, vision, grid, self.processor.merge_size, patch, (width, height))
-        timings["box_head"] = time.perf_counter() - t0
+        first = np.cumsum([0] + [len(i) for i in images[:-1]])  # each prompt's first image in the batch
+        return [detect(self.loaded.box_head, vision, grid, self.processor.merge_size, patch,
+                       (i[0].shape[1], i[0].shape[0]), int(k)) for i, k in zip(images, first)]
 
     def _detections(self, plan: Plan, image: np.ndarray, row: int, text: str, result, budget: int) -> None:
         """Parse row `row`'s detection answer into `plan.detections`, or its error into `plan.errors`."""

@@ -28,8 +28,8 @@ from wam_diff_core.errors import WamDiffError
 from wam_diff_core.eval.coco import coco_map
 from wam_diff_core.model.checkpoint import LoadedModel, load_model
 from wam_diff_core.model.runner import ModelRunner
-from wam_diff_core.perception import (BoxHead, BoxHeadConfig, boxes_from_maps, feature_width, save_box_head,
-                                      vision_features)
+from wam_diff_core.perception import (FEATURES, BoxHead, BoxHeadConfig, boxes_from_maps, feature_width,
+                                      save_box_head, vision_features)
 from wam_diff_core.prompts import chat_prompt, detection_prompt
 from wam_diff_core.types import Detection
 
@@ -58,9 +58,11 @@ def frames_with_boxes(split: str | Path) -> list[tuple[Path, list, tuple[int, in
     for s in samples:
         meta = s.get("meta") or {}
         if "boxes_px" in meta and "frame_size" in meta and s.get("image"):
-            frames.setdefault(s["image"][0], (split.parent / s["image"][0], meta["boxes_px"], tuple(meta["frame_size"])))
+            image = s["image"][0]
+            frames.setdefault(image, (split.parent / image, meta["boxes_px"], tuple(meta["frame_size"])))
     if not frames:
-        raise BoxHeadDataError(f"{split}: no sample carries meta.boxes_px and meta.frame_size (a `wam-diff data` split)")
+        raise BoxHeadDataError(f"{split}: no sample carries meta.boxes_px and meta.frame_size "
+                               f"(a `wam-diff data` split)")
     sizes = {f[2] for f in frames.values()}
     if len(sizes) > 1:
         raise BoxHeadDataError(f"{split}: frames of several sizes {sorted(sizes)}; expected one")
@@ -150,8 +152,7 @@ def train_box_head(model: str, train: str, val: str, steps: int, dtypes: Sequenc
     loaded = load_model(model)
     vc = loaded.model.config.vision_config
     merge = vc.spatial_merge_size
-    config = config or BoxHeadConfig(in_channels=feature_width(vc, BoxHeadConfig(in_channels=1).features),
-                                     token_px=vc.patch_size * merge)
+    config = config or BoxHeadConfig(in_channels=feature_width(vc, FEATURES), token_px=vc.patch_size * merge)
     train_frames, val_frames = frames_with_boxes(train), frames_with_boxes(val)
     xs = []
     for name in dtypes:
@@ -193,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bad = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
     if bad or not dtypes:
-        raise BoxHeadDataError(f"--dtypes {args.dtypes!r}: expected a comma-separated list of float32, bfloat16, float16")
+        raise BoxHeadDataError(f"--dtypes {args.dtypes!r}: expected a comma-separated list of float32, bfloat16, "
+                               f"float16")
     if args.steps < 1:
         raise BoxHeadDataError(f"--steps {args.steps}: expected a positive number of optimizer steps")
     report = train_box_head(args.model, args.train, args.val, args.steps, dtypes, args.seed, not args.no_progress)

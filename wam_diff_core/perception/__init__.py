@@ -4,4 +4,5 @@ from .head import FEATURES, BoxHead, BoxHeadConfig, BoxHeadError, feature_width,
 from .peaks import MAX_BOXES, MIN_SCORE, boxes_from_maps, detect
 
 __all__ = ["BOX_HEAD_CONFIG", "BOX_HEAD_WEIGHTS", "FEATURES", "MAX_BOXES", "MIN_SCORE", "BoxHead", "BoxHeadConfig",
-           "BoxHeadError", "boxes_from_maps", "detect", "feature_width", "load_box_head", "save_box_head", "vision_features"]
+           "BoxHeadError", "boxes_from_maps", "detect", "feature_width", "load_box_head", "save_box_head",
+           "vision_features"]

@@ -45,7 +45,8 @@ class BoxHeadConfig:
     token_px: int = 32
 
     def __post_init__(self):
-        if not self.features or any(f not in FEATURES for f in self.features) or len(set(self.features)) != len(self.features):
+        names = self.features
+        if not names or any(f not in FEATURES for f in names) or len(set(names)) != len(names):
             raise BoxHeadError(f"features {list(self.features)}: expected distinct names from {list(FEATURES)}")
         if not self.labels or any(not isinstance(x, str) or not x for x in self.labels):
             raise BoxHeadError(f"labels {list(self.labels)}: expected a non-empty list of names")
@@ -91,7 +92,8 @@ def feature_width(vision_config, features: Sequence[str]) -> int:
     return sum(widths[f] for f in features)
 
 
-def vision_features(vision, grid_thw: torch.Tensor, merge: int, features: Sequence[str], image: int = 0) -> torch.Tensor:
+def vision_features(vision, grid_thw: torch.Tensor, merge: int, features: Sequence[str], image: int = 0
+                    ) -> torch.Tensor:
     """Image `image`'s features (1, width, rows, cols) on its merged-token grid, from the vision encoder's output
     (`get_image_features(..., return_dict=True)`: last_hidden_state, pooler_output, deepstack_features) for the
     images of `grid_thw` (n_images, 3)."""
@@ -134,7 +136,8 @@ class BoxHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.config.in_channels:
-            raise BoxHeadError(f"features of shape {tuple(x.shape)}: expected (n, {self.config.in_channels}, rows, cols)")
+            raise BoxHeadError(f"features of shape {tuple(x.shape)}: expected (n, {self.config.in_channels}, rows, "
+                               f"cols)")
         x = (x - self.mean[:, None, None]) / self.std[:, None, None]
         maps = F.pixel_shuffle(self.body(x), self.config.cells)
         return maps + self.refine(maps)
