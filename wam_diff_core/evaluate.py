@@ -168,13 +168,13 @@ def score_planning(samples: Sequence[EvalSample], answers: Sequence[Answer]) -> 
 def evaluate_task(policy: DrivingPolicy, task: str, samples: Sequence[EvalSample], batch_size: int,
                   bar: Optional[tqdm] = None) -> tuple[dict, list[Answer]]:
     """One task of one model: decode (detections: or read from the box head), score, and how long it took."""
-    cfg = with_budget(policy.config, (task,))
     if task == "detection" and policy.detections == "head":
         preds, seconds = head_detections(policy, samples, batch_size, bar)
         answers = [Answer(json.dumps([{"bbox_2d": [round(v, 1) for v in d.box_px], "label": d.label,
                                        "score": round(d.score, 4)} for d in p]), [], None, True) for p in preds]
         return {**detection_scores(preds, [_truth(s) for s in samples]), "source": "head", "samples": len(samples),
                 "unfinished": 0, "decode_seconds": seconds, "ms_per_frame": 1000 * seconds / len(samples)}, answers
+    cfg = with_budget(policy.config, (task,))
     answers, seconds = decode_task(policy, samples, cfg, batch_size, bar)
     if task == "detection":
         scores = score_detection(policy, samples, answers, cfg.max_new_tokens)

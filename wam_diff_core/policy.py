@@ -216,8 +216,8 @@ class DrivingPolicy:
         start = time.perf_counter()
         from_head = "detection" in tasks and self.detections == "head"
         decoded = tuple(t for t in tasks if not (from_head and t == "detection"))
-        result, texts, rows = (self._answer(images, ego_state, command, target, decoded, n, sampling)
-                               if decoded else (None, [], None))
+        result, texts, rows, cfg = (self._answer(images, ego_state, command, target, decoded, n, sampling)
+                                    if decoded else (None, [], None, self.config))
         plan = Plan(trajectory=None, valid=False, raw_text=dict(zip(decoded, texts)))
         timings = dict(result.timings) if result is not None else {}
         if from_head:
@@ -226,7 +226,6 @@ class DrivingPolicy:
                                               encode=not decoded)[0]
             timings["box_head"] = time.perf_counter() - t0
         probs = (result.token_probs if result is not None else None) or [None] * len(texts)
-        cfg = with_budget(self.config, decoded) if decoded else self.config
         for row, task in enumerate(decoded):
             if task == "detection":
                 self._detections(plan, images[0], row, texts[row], result, cfg.max_new_tokens)
@@ -246,14 +245,14 @@ class DrivingPolicy:
     def _answer(self, images: list[np.ndarray], ego_state: EgoState, command: str, target, tasks: tuple[str, ...],
                 n: int, sampling):
         """Decode the text answers of `tasks` (one prompt each; N planning candidates when n > 1): (result,
-        texts, rows or None)."""
+        texts, rows or None, the DecoderConfig with the tasks' budget)."""
         text_for = {"planning": planning_prompt(ego_state, command, target), "detection": detection_prompt()}
         prompts = [chat_prompt(text_for[t], len(images)) for t in tasks]
         cfg = with_budget(self.config, tasks)
         rows = DecodeRows.for_candidates(tasks, n, sampling, cfg.seed) if n > 1 else None
         extra = {} if rows is None else {"rows": rows}  # one answer per prompt: the call it always was
         result, texts = self._decode(prompts, images, cfg, tasks, ego_state, **extra)
-        return result, texts, rows
+        return result, texts, rows, cfg
 
     def head_boxes(self, prompts: Sequence[str], images: Sequence[Sequence[np.ndarray]], encode: bool = True
                    ) -> list[list[Detection]]:

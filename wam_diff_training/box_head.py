@@ -29,7 +29,7 @@ from wam_diff_core.eval.coco import coco_map
 from wam_diff_core.model.checkpoint import LoadedModel, load_model
 from wam_diff_core.model.runner import ModelRunner
 from wam_diff_core.perception import (FEATURES, BoxHead, BoxHeadConfig, boxes_from_maps, feature_width,
-                                      save_box_head, vision_features)
+                                      resized_size, save_box_head, vision_features)
 from wam_diff_core.prompts import chat_prompt, detection_prompt
 from wam_diff_core.types import Detection
 
@@ -86,7 +86,7 @@ def extract_features(loaded: LoadedModel, frames: Sequence[tuple[Path, list, tup
         vision = runner.encode_images(batch)["image"]
         grid = batch.image_grid_thw
         out += [vision_features(vision, grid, merge, features, image=i) for i in range(len(chunk))]
-        resized = (int(grid[0, 2]) * patch, int(grid[0, 1]) * patch)
+        resized = resized_size(grid, patch)
     return torch.cat(out), resized
 
 

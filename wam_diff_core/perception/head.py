@@ -92,6 +92,12 @@ def feature_width(vision_config, features: Sequence[str]) -> int:
     return sum(widths[f] for f in features)
 
 
+def resized_size(grid_thw: torch.Tensor, patch_size: int, image: int = 0) -> tuple[int, int]:
+    """(W, H) in pixels of image `image` as the processor resized it: its patch grid times the patch size."""
+    _, gh, gw = (int(v) for v in grid_thw[image])
+    return gw * patch_size, gh * patch_size
+
+
 def vision_features(vision, grid_thw: torch.Tensor, merge: int, features: Sequence[str], image: int = 0
                     ) -> torch.Tensor:
     """Image `image`'s features (1, width, rows, cols) on its merged-token grid, from the vision encoder's output

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ..constants import BOX_SCALE
 from ..types import Detection
-from .head import BoxHeadConfig, vision_features
+from .head import BoxHeadConfig, resized_size, vision_features
 
 MAX_BOXES = 20  # per frame; the embedded world's busiest frames hold 12 vehicles
 MIN_SCORE = 0.05  # heat below this is not a box (COCO mAP counts low-scored boxes; a tracker should not)
@@ -55,5 +55,4 @@ def detect(head, vision, grid_thw: torch.Tensor, merge: int, patch_size: int, fr
     """Image `image`'s detections from a vision encoder output (`ModelRunner.last_vision`), in the pixels of its
     `frame_size` (W, H) frame."""
     x = vision_features(vision, grid_thw, merge, head.config.features, image).to(head.mean.device)
-    _, gh, gw = (int(v) for v in grid_thw[image])
-    return boxes_from_maps(head(x)[0], head.config, frame_size, (gw * patch_size, gh * patch_size))
+    return boxes_from_maps(head(x)[0], head.config, frame_size, resized_size(grid_thw, patch_size, image))
