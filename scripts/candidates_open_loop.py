@@ -9,6 +9,8 @@ without candidates, token for token); each scorer then picks among the same cand
   oracle      the frame's PDM scene: the true vehicles with their logged futures and the lanes (the scene the
               PDMS is computed on, so this is the ceiling of scoring, not a method);
   likelihood  the mean token log-probability of each answer.
+Perception and oracle are also scored with braking plans (`scoring.braking`: the greedy path braked, added when
+every candidate is forecast to collide), as `wam-diff drive` scores by default ("..._braking" variants).
 Frames and scenes are the validation split the shipped models are evaluated on (`wam_diff_core.bench.frames`,
 rendered into --cache on first use). One JSON line per frame lands in --rows (a rerun resumes); the summary
 (L2 per horizon, PDMS and its terms, the share of plans won by a candidate other than 0, the mean pairwise
@@ -36,6 +38,7 @@ from wam_diff_core.eval.l2 import l2_report
 from wam_diff_core.eval.pdm import mean_pdms, pdm_score, scene_from_dict
 from wam_diff_core.policy import DrivingPolicy
 from wam_diff_core.scoring.base import ScoringContext, choose
+from wam_diff_core.scoring.braking import choose_or_brake
 from wam_diff_core.scoring.camera import TopDownCamera
 from wam_diff_core.scoring.registry import make_scorer
 from wam_diff_core.types import Detection
@@ -91,28 +94,42 @@ def plan_row(policy, frame, scene, boxes, n: int, sampling: str, previous_frame=
     previous = None if previous_frame is None else \
         policy.plan([previous_frame.image], previous_frame.ego, previous_frame.command, tasks=("detection",)).detections
     row["previous_frame"] = previous is not None
+    row["braking"] = {}
     for name, context in contexts(frame, plan, scene, boxes, previous).items():
         scorer = make_scorer(name.split("_")[0])
         scores = np.asarray(scorer.score(plan.candidates, context), dtype=np.float64)
         row["chosen"][name] = choose(plan, scorer, context).chosen
         row["scores"][name] = [round(float(s), 5) if np.isfinite(s) else None for s in scores]
+        if hasattr(scorer, "terms"):  # the same scorer with braking plans where every candidate collides
+            braked, _ = choose_or_brake(plan, scorer, context)
+            row["chosen"][f"{name}_braking"] = braked.chosen
+            if braked.chosen >= n:
+                row["braking"][name] = braked.trajectory.tolist()
     return row
+
+
+def picked(row: dict, variant: str, k: int):
+    """The trajectory a variant's choice `k` names: a candidate, or the braking plan it added."""
+    if k < len(row["candidates"]):
+        return row["candidates"][k]
+    return row["braking"][variant[: -len("_braking")]]
 
 
 def summarize(rows: list[dict], scenes: dict) -> dict:
     """L2 and PDMS of candidate 0 (N = 1) and of each scorer's choice, with diversity and costs."""
     n = len(rows[0]["candidates"])
-    variants = {"N=1": lambda r: 0, **{f"N={n} {s}": (lambda r, s=s: r["chosen"][s]) for s in rows[0]["chosen"]}}
+    variants = {"N=1": (None, lambda r: 0), **{f"N={n} {s}": (s, lambda r, s=s: r["chosen"][s]) for s in rows[0]["chosen"]}}
     out = {"frames": len(rows), "variants": {}}
     truth = np.array([r["truth"] for r in rows])
-    for name, pick in variants.items():
+    for name, (variant, pick) in variants.items():
         chosen = [pick(r) for r in rows]
-        trajs = [r["candidates"][k] for r, k in zip(rows, chosen)]
+        trajs = [picked(r, variant, k) for r, k in zip(rows, chosen)]
         ok = [i for i, t in enumerate(trajs) if t is not None]
         pred = np.array([trajs[i] for i in ok])
         pdms = [pdm_score(pred[j], scene_from_dict(scenes[rows[i]["id"]])) for j, i in enumerate(ok)]
         out["variants"][name] = {**l2_report(pred, truth[ok]), "invalid": len(rows) - len(ok),
-                                 "pdm": mean_pdms(pdms), "not_candidate_0": round(float(np.mean(np.array(chosen) != 0)), 4)}
+                                 "pdm": mean_pdms(pdms), "not_candidate_0": round(float(np.mean(np.array(chosen) != 0)), 4),
+                                 "braking_won": round(float(np.mean(np.array(chosen) >= n)), 4)}
     ends = []
     for r in rows:
         last = [np.asarray(t)[-1] for t in r["candidates"] if t is not None]

@@ -289,7 +289,8 @@ def _agent_yaml(tmp_path, **keys) -> str:
     ({"candidates": 17}, "candidates must be an integer in [1, 16], got 17"),
     ({"candidates": 4, "candidate_sampling": "beam"}, "sampling method 'beam': expected one of"),
     ({"candidates": 4, "decoding": {"cuda_graphs": True}}, "candidates=4 decode on the eager path"),
-], ids=["oracle", "seventeen", "sampling", "cuda_graphs"])
+    ({"candidates": 4, "candidate_braking": "yes"}, "candidate_braking must be true or false, got 'yes'"),
+], ids=["oracle", "seventeen", "sampling", "cuda_graphs", "braking"])
 def test_carla_agent_config_refuses_bad_candidate_settings_naming_the_file(tmp_path, keys, message):
     from wam_diff_ros.carla.agent_config import AgentConfig, AgentConfigError
 

@@ -142,3 +142,19 @@ def test_bad_candidate_settings_at_start_fail_configure_with_one_log_line(ros, b
     assert lc.transition(Transition.TRANSITION_CONFIGURE) is False
     assert lc.state() == State.PRIMARY_STATE_UNCONFIGURED and len(log.errors) == 1
     assert log.errors[0].startswith(f"configure failed: {message}")
+
+
+def test_perception_publishes_a_braking_plan_when_every_candidate_would_hit_a_detected_car_and_counts_it(ros):
+    policy = CandidatePolicy([straight(10), straight(10.5)], detections=[[box_at(25.0, 0.0)]])
+    node = ros.planner(policy, candidates=2, scorer="perception")
+    traj, markers = _plan(ros, node, 6.0)
+    assert traj.candidates == 2 + 4 and traj.candidate_index >= 2 and traj.scorer == "perception"
+    assert traj.candidate_score > 0.5 and traj.points[-1].pose.position.x < 25.0 - 2.5 - 2.0
+    assert len(markers) == 6 + 2  # every scored plan drawn thin, braking ones included
+    name = node.get_fully_qualified_name()
+    ros.probe.wait_for(lambda: any(kv.key == "candidate_braking_wins" and kv.value == "1"
+                                   for s in ros.probe.diagnostics(name) for kv in s.values), what="braking counted")
+    result = ParamClient(ros.probe, node).set("candidate_braking", False)
+    assert result.successful, result.reason
+    traj, _ = _plan(ros, node, 7.0)
+    assert (traj.candidates, traj.candidate_score) == (2, 0.0)  # both collide; candidate 0 keeps the plan

@@ -156,7 +156,8 @@ def test_descriptors_carry_type_range_and_read_only(ros):
     assert schedule.read_only and "['', 'linear', 'cosine']" in schedule.description
     assert RUNTIME_PARAMETERS == {"rate_hz", "tasks", "max_image_bytes", "max_image_side", "max_image_pixels",
                                   "route_target_max_age_s", "base_frame_id", "diagnostics_period_s", "ask_timeout_s",
-                                  "candidates", "scorer", "candidate_sampling", "detection_min_score"}
+                                  "candidates", "scorer", "candidate_sampling", "candidate_braking",
+                                  "detection_min_score"}
     read_only = [n for n in PARAMETERS if params.describe(n).read_only]
     assert len(read_only) == len(PARAMETERS) - len(RUNTIME_PARAMETERS) == 25
 

@@ -78,13 +78,15 @@ class Candidate:
     """One of the trajectories a plan drew from one prompt (`DrivingPolicy.plan(..., candidates=N)`): index 0 is the
     greedy answer (the plan without candidates), the others sampled; trajectory (8, 2) metres in the ego frame, None
     when the answer did not parse (`error` says why); logprob: the mean log-probability the model gave the answer's
-    tokens (0.0 when the decoder reported none)."""
+    tokens (0.0 when the decoder reported none); source: "model" for an answer the model decoded, "braking" for
+    a plan a scorer added by braking along the greedy candidate's path (`scoring.braking`)."""
 
     index: int
     trajectory: Optional[np.ndarray]
     text: str = ""
     logprob: float = 0.0
     error: Optional[str] = None
+    source: str = "model"
 
     @property
     def valid(self) -> bool:

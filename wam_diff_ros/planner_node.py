@@ -85,16 +85,17 @@ def plan_period_s(rate_hz: float) -> float:
     return 1.0 / rate_hz if rate_hz > 0 else 0.0
 
 
-CANDIDATE_PARAMETERS = frozenset({"candidates", "scorer", "candidate_sampling"})
+CANDIDATE_PARAMETERS = frozenset({"candidates", "scorer", "candidate_sampling", "candidate_braking"})
 
 
 def candidate_planner(policy, cfg: dict):
     """The CandidatePlanner the node plans through: `candidates` per frame set drawn by `candidate_sampling`, the
-    published one picked by `scorer` ('' = none: candidate 0); candidates 1 is the policy's own plan call."""
+    published one picked by `scorer` ('' = none: candidate 0), braking plans added by `candidate_braking`;
+    candidates 1 is the policy's own plan call."""
     from wam_diff_core.scoring.planner import CandidatePlanner  # the core engine loads with the policy
 
     return CandidatePlanner(policy, cfg["candidates"], cfg["scorer"] or None, cfg["candidate_sampling"],
-                            where="a ROS node")
+                            where="a ROS node", braking=cfg["candidate_braking"])
 
 
 class PlannerNode(LifecycleNode):
@@ -612,7 +613,8 @@ class PlannerNode(LifecycleNode):
         if planner is not None and planner.candidates > 1:
             stats = planner.stats
             values.update(candidates=planner.candidates, scorer=planner.scorer_name or "none",
-                          candidate_wins_not_greedy=stats.non_greedy_wins, candidates_invalid=stats.invalid_candidates)
+                          candidate_wins_not_greedy=stats.non_greedy_wins, candidates_invalid=stats.invalid_candidates,
+                          candidate_braking_plans=stats.braking_plans, candidate_braking_wins=stats.braking_wins)
         off_size = [(c, v) for c, v in sizes if self._trained_frame is not None and v != self._trained_frame]
         level, message = planner_status(state, self.stats.in_error, values["last_error"],
                                         int(values["plans_published"]),

@@ -95,6 +95,9 @@ PARAMETERS: dict[str, Spec] = {
     "candidate_sampling": Spec("tokens", "how candidates 1..N-1 are drawn: tokens sampled at temperature 1, or the "
                                          "greedy tokens committed in a noisy order", runtime=True,
                                choices=SAMPLING_CHOICES),
+    "candidate_braking": Spec(True, "with the perception scorer: when every candidate is forecast to collide, also "
+                                    "score the greedy path braked at 1.5 to 8 m/s^2 and publish the best "
+                                    "(docs/scoring.md)", runtime=True),
     "camera_topics": Spec(["/camera/image_raw"], "camera topics in prompt order; '/compressed' suffix = "
                                                  "CompressedImage"),
     "image_reliability": Spec("best_effort", "camera QoS reliability (depth is always 1)", choices=RELIABILITY),

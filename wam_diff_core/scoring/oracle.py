@@ -14,7 +14,7 @@ from ..eval.pdm import Agent
 from ..types import Candidate
 from .base import ScoringContext
 from .camera import TopDownCamera
-from .terms import score_candidates
+from .terms import Terms, candidate_terms, scores_from_terms
 
 
 def agents_from_vehicles(vehicles, futures: Optional[dict] = None) -> list[Agent]:
@@ -45,8 +45,12 @@ class OracleScorer:
 
     name = "oracle"
 
-    def score(self, candidates: Sequence[Candidate], context: ScoringContext) -> np.ndarray:
+    def terms(self, candidates: Sequence[Candidate], context: ScoringContext) -> list[Optional[Terms]]:
+        """Every candidate's terms against the true agents and lanes (None: invalid)."""
         if context.agents is None:
             raise ValueError("the oracle scorer needs the true agents and lanes: a context from "
                              "scoring.oracle.oracle_context (embedded world only)")
-        return score_candidates(candidates, context.ego, context.agents, context.lanes, context.route_target)
+        return candidate_terms(candidates, context.ego, context.agents, context.lanes, context.route_target)
+
+    def score(self, candidates: Sequence[Candidate], context: ScoringContext) -> np.ndarray:
+        return scores_from_terms(self.terms(candidates, context))

@@ -9,7 +9,7 @@ enters through progress.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from ..types import Candidate, Detection
 from .association import gate_m, match
 from .base import ScoringContext
 from .camera import TopDownCamera
-from .terms import score_candidates
+from .terms import Terms, candidate_terms, scores_from_terms
 
 
 def ground_boxes(detections: Sequence[Detection], camera: TopDownCamera) -> tuple[np.ndarray, np.ndarray]:
@@ -74,6 +74,10 @@ class PerceptionScorer:
     def __init__(self, min_detection_score: float = 0.0):
         self.min_detection_score = float(min_detection_score)
 
-    def score(self, candidates: Sequence[Candidate], context: ScoringContext) -> np.ndarray:
+    def terms(self, candidates: Sequence[Candidate], context: ScoringContext) -> list[Optional[Terms]]:
+        """Every candidate's terms against the perceived agents (None: invalid)."""
         agents = perceived_agents(context, self.min_detection_score)
-        return score_candidates(candidates, context.ego, agents, None, context.route_target)
+        return candidate_terms(candidates, context.ego, agents, None, context.route_target)
+
+    def score(self, candidates: Sequence[Candidate], context: ScoringContext) -> np.ndarray:
+        return scores_from_terms(self.terms(candidates, context))

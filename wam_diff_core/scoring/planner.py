@@ -20,6 +20,7 @@ import numpy as np
 from ..decoding.candidates import CandidateSampling, check_candidates, check_sampling
 from ..types import Detection, EgoState, Plan
 from .base import ScoringContext, choose
+from .braking import BRAKING_SOURCE, choose_or_brake
 from .camera import TopDownCamera
 from .registry import ScorerError, check_scorer, make_scorer
 
@@ -58,12 +59,15 @@ class _Recorded:
 @dataclass
 class CandidateStats:
     """What planning with candidates did: plans made, plans whose candidates a scorer ranked, plans won by a
-    candidate other than 0 (greedy), candidates drawn and the invalid ones dropped (their answers did not parse),
+    candidate other than 0 (greedy), plans where braking plans were added (every model candidate was forecast to collide) and
+    plans a braking one won (`scoring.braking`), model candidates drawn and the invalid ones dropped (their answers did not parse),
     seconds in whole plans and in scoring alone (context + scorer)."""
 
     plans: int = 0
     scored: int = 0
     non_greedy_wins: int = 0
+    braking_plans: int = 0
+    braking_wins: int = 0
     candidates_drawn: int = 0
     invalid_candidates: int = 0
     plan_s: float = 0.0
@@ -78,12 +82,14 @@ class CandidatePlanner:
     CandidateSampling or a method name), the winner picked by `scorer` (a SCORERS name; None or "": candidate 0).
     `has_world`: the caller can give the oracle the embedded world's truth (else the oracle is refused, naming
     `where`); `camera`: the top-down camera the perception scorer reads boxes in (default: the embedded world's at the
-    frame's size)."""
+    frame's size); `braking`: with a scorer that forecasts collisions (perception, oracle), brake along the greedy
+    candidate's path when no candidate is safe (`scoring.braking`)."""
 
     def __init__(self, policy, candidates: int = 1, scorer: Optional[str] = None,
                  sampling: CandidateSampling | str | None = None, *, has_world: bool = False, where: str = "here",
-                 camera: Optional[TopDownCamera] = None):
+                 camera: Optional[TopDownCamera] = None, braking: bool = True):
         self.policy = policy
+        self.braking = bool(braking)
         self.candidates = check_candidates(candidates)
         self.scorer_name = check_scorer_setting(scorer, has_world, where)
         self.sampling = check_sampling(sampling)
@@ -105,7 +111,12 @@ class CandidatePlanner:
     def settings(self) -> dict:
         """N, the scorer's name (None: none) and the sampling, as records and summaries state them."""
         return {"candidates": self.candidates, "scorer": self.scorer_name, "sampling": self.sampling.method,
-                "temperature": self.sampling.temperature}
+                "temperature": self.sampling.temperature, "braking": self.brakes}
+
+    @property
+    def brakes(self) -> bool:
+        """Whether plans whose candidates all collide get braking plans (`braking` on and a scorer that forecasts)."""
+        return self.braking and self.candidates > 1 and self.scorer is not None and hasattr(self.scorer.inner, "terms")
 
     def reset(self) -> None:
         """Forget the previous frame's detections and the counts (a new route, a restarted node)."""
@@ -146,7 +157,11 @@ class CandidatePlanner:
         if self.scorer is not None:
             self.scorer.last = None
             goal = target if route_target is None else route_target
-            plan = choose(plan, self.scorer, self._context(boxes, images, ego, command, goal, time_s, truth))
+            context = self._context(boxes, images, ego, command, goal, time_s, truth)
+            if self.brakes:
+                plan, self.scorer.last = choose_or_brake(plan, self.scorer.inner, context)
+            else:
+                plan = choose(plan, self.scorer, context)
             self.stats.scored += 1
         if self.perceives:
             self._previous = (boxes, self._now(time_s))
@@ -159,9 +174,12 @@ class CandidatePlanner:
         s = self.stats
         s.plans += 1
         s.plan_s += seconds
-        s.candidates_drawn += len(plan.candidates)
-        s.invalid_candidates += sum(not c.valid for c in plan.candidates)
+        drawn = [c for c in plan.candidates if c.source != BRAKING_SOURCE]
+        s.candidates_drawn += len(drawn)
+        s.invalid_candidates += sum(not c.valid for c in drawn)
         s.non_greedy_wins += int(plan.chosen != 0)
+        s.braking_plans += int(len(drawn) < len(plan.candidates))
+        s.braking_wins += int(plan.chosen >= len(drawn) > 0)
 
     @staticmethod
     def _now(time_s: Optional[float]) -> float:
@@ -203,6 +221,9 @@ def add_candidate_arguments(parser, world: bool = False) -> None:
     g.add_argument("--sampling", choices=SAMPLING_METHODS, default="tokens",
                    help="how candidates 1..N-1 are drawn: tokens sampled at temperature 1, or the greedy tokens "
                         "committed in a noisy order (default: tokens)")
+    g.add_argument("--no-braking", dest="braking", action="store_false",
+                   help="with perception or oracle: do not add braking plans along the greedy path when no "
+                        "candidate is forecast safe (default: add them; docs/scoring.md)")
     if world:
         g.add_argument("--perception-boxes", choices=BOX_SOURCES, default="model",
                        help="the boxes the perception scorer reads: the model's own detections (default; the "
@@ -228,6 +249,8 @@ def candidate_arguments(args, has_world: bool, where: str, decoding: Optional[di
         fields = {k: v for k, v in (decoding or {}).items() if k != "dtype"}
         check_candidate_settings(n, resolve_decoding(DecoderConfig(), **fields))
     out = {"candidates": n, "scorer": scorer, "sampling": check_sampling(args.sampling).method}
+    if not getattr(args, "braking", True):
+        out["braking"] = False
     return {**out, "boxes": boxes} if boxes != "model" else out
 
 

@@ -100,12 +100,17 @@ def combine(terms: Sequence[Terms]) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-def score_candidates(candidates: Sequence[Candidate], ego: EgoState, agents: Sequence[Agent], lanes,
-                     route_target: Optional[tuple[float, float]]) -> np.ndarray:
-    """`combine` of every valid candidate's terms; -inf for the invalid ones."""
+def candidate_terms(candidates: Sequence[Candidate], ego: EgoState, agents: Sequence[Agent], lanes,
+                    route_target: Optional[tuple[float, float]]) -> list[Optional[Terms]]:
+    """Every candidate's terms; None for an invalid one."""
     agents = tabulate(agents)
-    valid = [k for k, c in enumerate(candidates) if c.valid]
-    terms = [trajectory_terms(candidates[k].trajectory, ego, agents, lanes, route_target) for k in valid]
-    out = np.full(len(candidates), -np.inf)
-    out[valid] = combine(terms)
+    return [trajectory_terms(c.trajectory, ego, agents, lanes, route_target) if c.valid else None
+            for c in candidates]
+
+
+def scores_from_terms(terms: Sequence[Optional[Terms]]) -> np.ndarray:
+    """`combine` of the valid candidates' terms (progress relative among them); -inf where the terms are None."""
+    valid = [k for k, t in enumerate(terms) if t is not None]
+    out = np.full(len(terms), -np.inf)
+    out[valid] = combine([terms[k] for k in valid])
     return out

@@ -102,7 +102,8 @@ class WamDiffAgent(AutonomousAgent):
                                         **self.config.decoding)
         self.policy = policy
         self.planner = CandidatePlanner(policy, self.config.candidates, self.config.scorer,
-                                        self.config.candidate_sampling, where="a CARLA agent")
+                                        self.config.candidate_sampling, where="a CARLA agent",
+                                        braking=self.config.candidate_braking)
         self.controller = Controller(self.config.controller)
         self.stats = Counter(ticks=0, plans=0, valid_plans=0, invalid_plans=0, late_plans=0, brake_ticks=0)
         self.commands = Counter()

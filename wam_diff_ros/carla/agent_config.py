@@ -99,6 +99,7 @@ class AgentConfig:
     candidates: int = 1                               # trajectories per plan from one prefill (1: the greedy plan)
     scorer: Optional[str] = None                      # perception | likelihood picks the one driven; None: candidate 0
     candidate_sampling: str = "tokens"                # tokens | order: how candidates 1..N-1 are drawn
+    candidate_braking: bool = True                    # perception: brake along the greedy path when all collide
     sim_hz: float = 20.0
     plan_hz: float = 2.0
     late_plan_s: Optional[float] = None               # wall seconds; slower plans are dropped (brake)
@@ -162,6 +163,8 @@ class AgentConfig:
         src, n = self.source, self.candidates
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CANDIDATES:
             raise AgentConfigError(f"{src}: candidates must be an integer in [1, {MAX_CANDIDATES}], got {n!r}")
+        if not isinstance(self.candidate_braking, bool):
+            raise AgentConfigError(f"{src}: candidate_braking must be true or false, got {self.candidate_braking!r}")
         try:
             self.scorer = check_scorer_setting(self.scorer, has_world=False, where="a CARLA agent")
             self.candidate_sampling = check_sampling(self.candidate_sampling).method
