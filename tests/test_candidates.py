@@ -74,6 +74,26 @@ def test_candidate_0_of_the_autoregressive_checkpoint_is_token_identical_too(shi
     assert len(plan.candidates) == 3 and len({c.text for c in plan.candidates}) >= 2
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_candidates_sharing_blocks_start_with_the_greedy_answer_and_candidate_0_stays_token_identical(
+        camera_image, monkeypatch, dtype):
+    policy = DrivingPolicy.load(str(MODELS / "nano-s-b32"), steps=2, threshold=0.3, dtype=dtype)
+    B = policy.config.block_size
+    seen = _recording_generate(monkeypatch)
+    alone = policy.plan([camera_image], EGO, "follow lane")
+    texts = {}
+    for shared in (0, 1, 2, 8):
+        plan = policy.plan([camera_image], EGO, "follow lane", candidates=6,
+                           sampling=CandidateSampling("tokens", 1.0, shared))
+        assert seen[-1].token_ids[0] == seen[0].token_ids[0] and seen[-1].token_probs[0] == seen[0].token_probs[0]
+        texts[shared] = [c.text for c in plan.candidates]
+        assert all(t[:shared * B] == alone.raw_text["planning"][:shared * B] for t in texts[shared])
+    assert len(set(texts[1])) >= 2 and len({t[B:] for t in texts[1]}) >= 2  # they branch after the first block
+    assert set(texts[8]) == {alone.raw_text["planning"]}  # every block shared: the greedy answer, six times
+    with pytest.raises(CandidatesError, match="shared blocks -1: expected an integer >= 0"):
+        CandidateSampling("tokens", 1.0, -1)
+
+
 def test_with_detection_the_detection_row_is_decoded_once_and_both_greedy_rows_are_unchanged(
         random_policy, camera_image, monkeypatch):
     seen = _recording_generate(monkeypatch)

@@ -98,6 +98,22 @@ def _commit_fused(runner: ModelRunner, cache, pending, x: torch.Tensor, pos: tor
     return runner.logits(hidden[:, B - 1]), (hidden[:, B:] if B > 1 else None)
 
 
+def _commit(runner: ModelRunner, cache, x: torch.Tensor, pos: torch.Tensor, block_id: int, padded: bool) -> torch.Tensor:
+    """Write the finished block x (rows, B) at positions pos into the cache by a forward of its own; its rows'
+    last logits (rows, vocab)."""
+    b, B = x.shape
+    hidden = runner.forward_tokens(x, _full(b, B, block_id, x.device), _full(b, B, CLEAN, x.device), cache,
+                                   runner.rope(pos), full=not padded)
+    cache.advance(B)
+    return runner.logits(hidden[:, -1])
+
+
+def _share(rows: DecodeRows, *tensors: torch.Tensor) -> None:
+    """The extra rows of each tensor take the greedy row's values (the answer blocks they shared)."""
+    for t in tensors:
+        t[rows.own:] = t[rows.of]
+
+
 def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig, mask_id: int, eos_id: int,
                     constraint: TokenConstraint | None, rows: DecodeRows | None = None) -> DecodeResult:
     device = runner.device
@@ -111,6 +127,7 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
     clock = PhaseClock(device)
     cache, prev_logits, next_pos = _prefill(runner, batch, cfg, rows, clock)
     b = prev_logits.shape[0]
+    answer_start, live = cache.length, b
 
     first_block = -(-batch.input_ids.shape[1] // B)  # response block ids follow every prompt block
     offsets = torch.arange(B, device=device)
@@ -120,54 +137,80 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
     pending = None  # (tokens, positions) of a finished block not yet in the cache
     for j in range(n_blocks):
         block_id = first_block + j
-        pos = next_pos[:, None] + j * B + offsets
-        x = _full(b, B, mask_id, device)
-        masked = torch.ones(b, B, dtype=torch.bool, device=device)
-        x_probs = torch.zeros(b, B, dtype=torch.float32, device=device)
-        rope = runner.rope(pos) if B > 1 else None
-        chains = constraint.chains(j * B, B) if constraint is not None and cfg.number_order and B > 1 else None
-        for s in range(K):
-            h = None
-            if pending is not None:
-                prev_logits, h = _commit_fused(runner, cache, pending, x, pos, block_id)
-                pending = None
-            elif B > 1:
-                h = runner.forward_tokens(x, _full(b, B, block_id, device), _full(b, B, NOISY, device), cache, rope,
-                                          full=not padded)
-            # token 0 of the block is predicted by the previous block's last logit, token i > 0 by
-            # block position i - 1; one predict call keeps the sampling noise in block order
-            logits = prev_logits[:, None] if h is None else torch.cat([prev_logits[:, None], runner.logits(h[:, : B - 1])], 1)
-            if constraint is not None:
-                answer = torch.cat([out[:, : j * B], x], 1) if constraint.envelope is not None else None
-                logits = constraint.apply(logits, j * B, answer)
-            if sampler is None:
-                pred, conf = predict(logits, cfg.temperature, generator, exclude=mask_id)
-                rank = conf
-            else:
-                pred, conf, rank = sampler(logits, exclude=mask_id)
-            commit = commit_mask(rank, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains, cfg.schedule)
-            x = torch.where(commit, pred, x)
-            x_probs = torch.where(commit, conf, x_probs)
-            masked = masked & ~commit
-            if dynamic and s < K - 1 and bool(_settled(x, masked, done, eos_id, offsets, cfg.ignore_eos).all()):
-                break
-        out[:, j * B:(j + 1) * B] = x
-        probs[:, j * B:(j + 1) * B] = x_probs
+        if rows is not None and rows.live(j) > live:  # the candidates branch off the blocks they shared
+            _share(rows, out, probs, done, prev_logits)
+            cache.copy_row(rows.of, slice(rows.own, b), answer_start)
+            if pending is not None:  # the last shared block: committed in every row by this block's first step
+                pending = tuple(torch.cat([t, t[rows.of:rows.of + 1].expand(b - live, -1)]) for t in pending)
+        live = b if rows is None else rows.live(j)
+        pos = (next_pos[:, None] + j * B + offsets)[:live]
+        x, x_probs = _block(runner, cache, cfg, (j, block_id, K, live < b), pending, pos, prev_logits[:live], out[:live],
+                            constraint if constraint is None or live == b else constraint.head(live),
+                            sampler if live == b else None, generator, mask_id, eos_id, dynamic, padded, done[:live])
+        x_probs, committed = x_probs
+        if committed is not None:  # the block before was committed: the rows' new last logits
+            prev_logits = committed if live == b else torch.cat([committed, prev_logits[live:]])
+        pending = None
+        out[:live, j * B:(j + 1) * B] = x
+        probs[:live, j * B:(j + 1) * B] = x_probs
         clock.lap("denoise")
         if not cfg.ignore_eos:
-            done |= (x == eos_id).any(dim=1)
-            if bool(done.all()):
+            done[:live] |= (x == eos_id).any(dim=1)
+            if bool(done[:live].all()):
                 break
         if j == n_blocks - 1:
             break
         if cfg.fuse_commit:
             pending = (x, pos)
         else:
-            hidden = runner.forward_tokens(x, _full(b, B, block_id, device), _full(b, B, CLEAN, device), cache,
-                                           runner.rope(pos), full=not padded)
-            cache.advance(B)
-            prev_logits = runner.logits(hidden[:, -1])
+            prev_logits = torch.cat([_commit(runner, cache, x, pos, block_id, padded), prev_logits[live:]])
             clock.lap("commit")
+    if live < b:
+        _share(rows, out, probs)
 
     clock.timings.setdefault("commit", 0.0)
     return decode_result(out, probs, eos_id, cfg.max_new_tokens, cfg.ignore_eos, runner.forwards, clock.total())
+
+
+def _block(runner: ModelRunner, cache, cfg: DecoderConfig, where: tuple, pending, pos: torch.Tensor,
+           prev_logits: torch.Tensor, out: torch.Tensor, constraint: TokenConstraint | None,
+           sampler: RowSampler | None, generator, mask_id: int, eos_id: int, dynamic: bool, padded: bool,
+           done: torch.Tensor):
+    """Denoise answer block j of the rows given (up to K steps, the finished block `pending` committed by the
+    first): (its tokens (rows, B), (their commit probabilities (rows, B), the new last logits of the rows' cache or
+    None when no block was committed))."""
+    j, block_id, K, subset = where
+    b, B, device = pos.shape[0], cfg.block_size, pos.device
+    offsets = torch.arange(B, device=device)
+    x = _full(b, B, mask_id, device)
+    masked = torch.ones(b, B, dtype=torch.bool, device=device)
+    x_probs = torch.zeros(b, B, dtype=torch.float32, device=device)
+    rope = runner.rope(pos) if B > 1 else None
+    chains = constraint.chains(j * B, B) if constraint is not None and cfg.number_order and B > 1 else None
+    committed = None
+    for s in range(K):
+        h = None
+        if pending is not None:
+            prev_logits, h = _commit_fused(runner, cache, pending, x, pos, block_id)
+            committed, pending = prev_logits, None
+        elif B > 1:
+            h = runner.forward_tokens(x, _full(b, B, block_id, device), _full(b, B, NOISY, device), cache, rope,
+                                      full=not padded)
+        # token 0 of the block is predicted by the previous block's last logit, token i > 0 by
+        # block position i - 1; one predict call keeps the sampling noise in block order
+        logits = prev_logits[:, None] if h is None else torch.cat([prev_logits[:, None], runner.logits(h[:, : B - 1])], 1)
+        if constraint is not None:
+            answer = torch.cat([out[:, : j * B], x], 1) if constraint.envelope is not None else None
+            logits = constraint.apply(logits, j * B, answer)
+        if sampler is None:
+            pred, conf = predict(logits, cfg.temperature, generator, exclude=mask_id)
+            rank = conf
+        else:
+            pred, conf, rank = sampler(logits, exclude=mask_id)
+        commit = commit_mask(rank, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains, cfg.schedule)
+        x = torch.where(commit, pred, x)
+        x_probs = torch.where(commit, conf, x_probs)
+        masked = masked & ~commit
+        if dynamic and s < K - 1 and bool(_settled(x, masked, done, eos_id, offsets, cfg.ignore_eos).all()):
+            break
+    return x, (x_probs, committed)

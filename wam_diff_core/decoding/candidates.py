@@ -40,10 +40,12 @@ class CandidatesError(WamDiffError, ValueError):
 class CandidateSampling:
     """How candidates 1..N-1 are drawn: `method` one of SAMPLING_METHODS, `temperature` > 0 the scale of
     its noise (the token distribution's temperature for "tokens", the Gumbel noise's on the log confidences for
-    "order")."""
+    "order"); `shared_blocks` >= 0: the answer's first blocks every candidate shares with the greedy one
+    (decoded once, in its row alone; the candidates branch after them)."""
 
     method: str = "tokens"
     temperature: float = 1.0
+    shared_blocks: int = 0
 
     def __post_init__(self):
         if self.method not in SAMPLING_METHODS:
@@ -51,6 +53,9 @@ class CandidateSampling:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 < t < float("inf"):
             raise CandidatesError(f"sampling temperature {t!r}: expected a finite number > 0")
+        k = self.shared_blocks
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise CandidatesError(f"shared blocks {k!r}: expected an integer >= 0")
 
 
 def check_candidates(candidates) -> int:
@@ -106,6 +111,10 @@ class DecodeRows:
     def candidate_rows(self) -> list[int]:
         """The rows of candidates 0, 1, ..., N-1: the prompt's own row, then the extra rows."""
         return [self.of] + list(range(self.own, self.own + self.extra))
+
+    def live(self, block: int) -> int:
+        """How many rows decode answer block `block`: the prompts' own alone while the candidates share it."""
+        return self.own if block < self.sampling.shared_blocks and self.extra else self.own + self.extra
 
 
 class RowSampler:

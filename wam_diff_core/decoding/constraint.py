@@ -15,6 +15,8 @@ digit is always predicted knowing the digits above it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Sequence
@@ -59,6 +61,12 @@ class TokenConstraint:
         if vocab_size != self.allowed.shape[1]:
             raise ValueError(f"constraint vocabulary {self.allowed.shape[1]} != logits vocabulary {vocab_size}")
         return ~self.allowed[start:start + n][None] & self.rows[:, None, None]
+
+    def head(self, n: int) -> "TokenConstraint":
+        """The constraint of the batch's first n rows."""
+        envelope = None if self.envelope is None else \
+            dataclasses.replace(self.envelope, velocity=self.envelope.velocity[:n], active=self.envelope.active[:n])
+        return dataclasses.replace(self, rows=self.rows[:n], envelope=envelope)
 
     def apply(self, logits: torch.Tensor, start: int, answer: Optional[torch.Tensor] = None) -> torch.Tensor:
         """logits (batch, n, vocab) predicting answer positions start .. start + n - 1 -> the same

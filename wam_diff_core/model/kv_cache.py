@@ -77,6 +77,15 @@ class BlockKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 
+    def copy_row(self, src: int, dst: slice, start: int) -> None:
+        """Rows `dst` take row `src`'s committed keys, values, block ids and kinds from position `start` on (a
+        candidate branching off the answer it shared until now)."""
+        end = self.length
+        for store in (self.keys, self.values):
+            store[:, dst, :, start:end] = store[:, src:src + 1, :, start:end]
+        for store in (self.block_ids, self.kinds):
+            store[dst, start:end] = store[src:src + 1, start:end]
+
     def advance(self, n: int) -> None:
         """Keep the first n tokens written by the last forward."""
         if n > self._pending:

@@ -82,17 +82,20 @@ class CandidatePlanner:
     CandidateSampling or a method name), the winner picked by `scorer` (a SCORERS name; None or "": candidate 0).
     `has_world`: the caller can give the oracle the embedded world's truth (else the oracle is refused, naming
     `where`); `camera`: the top-down camera the perception scorer reads boxes in (default: the embedded world's at the
-    frame's size); `braking`: with a scorer that forecasts collisions (perception, oracle), brake along the greedy
+    frame's size); `shared_blocks`: the answer blocks the candidates share with the greedy one before they branch
+    (`CandidateSampling.shared_blocks`; 0: none); `braking`: with a scorer that forecasts collisions (perception, oracle), brake along the greedy
     candidate's path when no candidate is safe (`scoring.braking`)."""
 
     def __init__(self, policy, candidates: int = 1, scorer: Optional[str] = None,
                  sampling: CandidateSampling | str | None = None, *, has_world: bool = False, where: str = "here",
-                 camera: Optional[TopDownCamera] = None, braking: bool = True):
+                 camera: Optional[TopDownCamera] = None, braking: bool = True, shared_blocks: int = 0):
         self.policy = policy
         self.braking = bool(braking)
         self.candidates = check_candidates(candidates)
         self.scorer_name = check_scorer_setting(scorer, has_world, where)
         self.sampling = check_sampling(sampling)
+        if shared_blocks:
+            self.sampling = CandidateSampling(self.sampling.method, self.sampling.temperature, shared_blocks)
         config = getattr(policy, "config", None)
         if self.candidates > 1 and config is not None:
             from ..policy import check_candidate_settings  # heavy (torch): only with a policy that decodes
@@ -111,7 +114,8 @@ class CandidatePlanner:
     def settings(self) -> dict:
         """N, the scorer's name (None: none) and the sampling, as records and summaries state them."""
         return {"candidates": self.candidates, "scorer": self.scorer_name, "sampling": self.sampling.method,
-                "temperature": self.sampling.temperature, "braking": self.brakes}
+                "temperature": self.sampling.temperature, "shared_blocks": self.sampling.shared_blocks,
+                "braking": self.brakes}
 
     @property
     def brakes(self) -> bool:
@@ -221,6 +225,9 @@ def add_candidate_arguments(parser, world: bool = False) -> None:
     g.add_argument("--sampling", choices=SAMPLING_METHODS, default="tokens",
                    help="how candidates 1..N-1 are drawn: tokens sampled at temperature 1, or the greedy tokens "
                         "committed in a noisy order (default: tokens)")
+    g.add_argument("--shared-blocks", type=int, default=0, metavar="S",
+                   help="the answer's first S blocks are the greedy candidate's for every candidate, decoded once; "
+                        "the candidates branch after them (default 0: from the first token; docs/scoring.md)")
     g.add_argument("--no-braking", dest="braking", action="store_false",
                    help="with perception or oracle: do not add braking plans along the greedy path when no "
                         "candidate is forecast safe (default: add them; docs/scoring.md)")
@@ -251,6 +258,10 @@ def candidate_arguments(args, has_world: bool, where: str, decoding: Optional[di
     out = {"candidates": n, "scorer": scorer, "sampling": check_sampling(args.sampling).method}
     if not getattr(args, "braking", True):
         out["braking"] = False
+    shared = getattr(args, "shared_blocks", 0)
+    if shared:
+        CandidateSampling(out["sampling"], shared_blocks=shared)  # a one-line CandidatesError for a bad count
+        out["shared_blocks"] = shared
     return {**out, "boxes": boxes} if boxes != "model" else out
 
 
