@@ -233,13 +233,17 @@ def test_the_candidates_bench_writes_cost_and_diversity_per_count_and_method(tmp
     (tmp_path / "val.json").write_text(json.dumps([sample]))
     out = tmp_path / "cost.json"
     assert main(["bench", "--candidates", "1,3", "--model", str(MODELS / "nano-s-b32"), "--data",
-                 str(tmp_path / "val.json"), "--samples", "1", "--out", str(out)]) == 0
+                 str(tmp_path / "val.json"), "--samples", "1", "--out", str(out), "--shared-blocks", "0,2"]) == 0
     result = json.loads(out.read_text())
-    assert [e["label"] for e in result["entries"]] == ["N=1", "N=3 tokens", "N=3 order"]
-    one, tokens, order = result["entries"]
+    assert [e["label"] for e in result["entries"]] == ["N=1", "N=3 tokens", "N=3 tokens, 2 shared", "N=3 order",
+                                                       "N=3 order, 2 shared"]
+    one, tokens, tokens_shared, order, _ = result["entries"]
+    assert tokens_shared["shared_blocks"] == 2 and tokens_shared["l2_first_m"] == one["l2_first_m"]
     assert one["x_time_vs_n1"]["median"] == 1.0 and tokens["candidates_drawn"] == 3 and one["candidates_drawn"] == 1
     assert one["l2_first_m"] == tokens["l2_first_m"] == order["l2_first_m"]  # candidate 0: the same plan
     assert tokens["l2_best_m"] <= tokens["l2_first_m"] and tokens["peak_allocated_mb"] > one["peak_allocated_mb"] > 0
     assert "| N=3 order |" in capsys.readouterr().out and out.with_suffix(".md").is_file()
     assert main(["bench", "--candidates", "1,4", "--methods", "beam"]) == 2
     assert "--methods 'beam'" in capsys.readouterr().err
+    assert main(["bench", "--candidates", "1,4", "--shared-blocks", "-1"]) == 2
+    assert "--shared-blocks '-1': expected comma-separated integers >= 0" in capsys.readouterr().err

@@ -42,6 +42,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", default=SHIPPED_MODEL, help="the shipped model (default) or a checkpoint directory")
     parser.add_argument("--methods", default=",".join(SAMPLING_METHODS), help=f"sampling methods of {SAMPLING_METHODS}")
     parser.add_argument("--temperature", type=float, default=1.0, help="the sampling methods' noise scale")
+    parser.add_argument("--shared-blocks", default="0", help="answer blocks the candidates share with the greedy "
+                                                            "one, comma-separated (every N and method with each)")
     parser.add_argument("--data", default=None, help="planning split (`wam-diff data`'s val.json); default: the "
                                                      "shipped models' planning validation split")
     parser.add_argument("--frames-dir", default="runs/bench", help="where rendered frames are kept between runs")
@@ -53,13 +55,18 @@ def add_arguments(parser) -> None:
     add_decoding_arguments(parser)
 
 
-def entries(counts: Sequence[int], methods: Sequence[str], temperature: float) -> list[tuple[int, Optional[CandidateSampling]]]:
-    """(N, sampling) per entry: N = 1 first (no sampling), then every other N with every method."""
-    return [(1, None)] + [(n, CandidateSampling(m, temperature)) for n in counts if n > 1 for m in methods]
+def entries(counts: Sequence[int], methods: Sequence[str], temperature: float,
+            shared: Sequence[int] = (0,)) -> list[tuple[int, Optional[CandidateSampling]]]:
+    """(N, sampling) per entry: N = 1 first (no sampling), then every other N with every method and every count
+    of shared blocks."""
+    return [(1, None)] + [(n, CandidateSampling(m, temperature, k)) for n in counts if n > 1 for m in methods
+                          for k in shared]
 
 
 def label(n: int, sampling: Optional[CandidateSampling]) -> str:
-    return "N=1" if sampling is None else f"N={n} {sampling.method}"
+    if sampling is None:
+        return "N=1"
+    return f"N={n} {sampling.method}" + (f", {sampling.shared_blocks} shared" if sampling.shared_blocks else "")
 
 
 def endpoint_spread(trajectories: Sequence[np.ndarray]) -> Optional[float]:
@@ -135,7 +142,8 @@ def summarise(specs, rounds: list[list[dict]], memory: list[float], frames: Sequ
     """Per entry: N, sampling, speed and its ratio to N = 1 (per frame, summarised), peak allocation, invalid
     candidates, diversity and L2; per frame the raw records."""
     rows = [{"label": label(n, s), "candidates": n, "method": None if s is None else s.method,
-             "temperature": None if s is None else s.temperature, "peak_allocated_mb": mb} | _entry_row(i, rounds)
+             "temperature": None if s is None else s.temperature,
+             "shared_blocks": None if s is None else s.shared_blocks, "peak_allocated_mb": mb} | _entry_row(i, rounds)
             for i, ((n, s), mb) in enumerate(zip(specs, memory))]
     per_frame = [{"id": f.id, "scenario": f.scenario,
                   "plans": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in g.items()} for g in r]}
@@ -164,30 +172,36 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _settings(args) -> tuple[list[int], list[str]]:
+def _settings(args) -> tuple[list[int], list[str], list[int]]:
     try:
         counts = _int_list(args.candidates)
     except ValueError as exc:
         raise UsageError(f"--candidates {args.candidates!r}: {exc}") from None
+    try:
+        shared = [int(v) for v in args.shared_blocks.split(",") if v.strip()]
+    except ValueError:
+        shared = []
+    if not shared or min(shared) < 0:
+        raise UsageError(f"--shared-blocks {args.shared_blocks!r}: expected comma-separated integers >= 0")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in SAMPLING_METHODS]
     if bad or not methods:
         raise UsageError(f"--methods {args.methods!r}: expected some of {SAMPLING_METHODS}")
     if args.samples < 1:
         raise UsageError(f"--samples {args.samples}: expected at least 1")
-    return counts, methods
+    return counts, methods, shared
 
 
 def run(args) -> int:
     from ..policy import DrivingPolicy
 
-    counts, methods = _settings(args)
+    counts, methods, shared = _settings(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     user = decoding_arguments(args)
     policy = DrivingPolicy.load(args.model, device=args.device, dtype=user.pop("dtype", None), **user)
     source, frames = frame_source(args, [policy])
-    specs = entries(counts, methods, args.temperature)
+    specs = entries(counts, methods, args.temperature, shared)
     timers = [candidate_timer(policy, frames, n, s) for n, s in specs]
     for timer in timers:  # warm-up
         timer(0)
