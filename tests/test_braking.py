@@ -124,3 +124,14 @@ def test_the_planner_brakes_for_a_detected_car_counts_it_and_does_not_when_told_
             assert plan.trajectory[-1, 0] < 25.0 - 2.5 - 2.0
     likelihood = CandidatePlanner(CandidatePolicy([straight(10.0)]), candidates=2, scorer="likelihood")
     assert likelihood.settings()["braking"] is False  # the model's confidence forecasts no collision
+
+
+def test_one_candidate_with_perception_is_checked_and_braked_when_it_would_hit_a_detected_car():
+    policy = CandidatePolicy([straight(10.0)], detections=[[box_at(25.0, 0.0)], [box_at(60.0, 0.0)]])
+    planner = CandidatePlanner(policy, candidates=1, scorer="perception")
+    plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=1.0)
+    assert policy.calls[0]["tasks"] == ("planning", "detection") and policy.calls[0]["candidates"] == 1
+    assert plan.candidates[plan.chosen].source == BRAKING_SOURCE and plan.trajectory[-1, 0] < 25.0 - 2.5 - 2.0
+    plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=1.4)  # the car 60 m ahead: clear
+    assert plan.chosen == 0 and len(plan.candidates) == 1 and plan.score == pytest.approx(1.0)
+    assert (planner.stats.braking_plans, planner.stats.braking_wins, planner.stats.plans) == (1, 1, 2)

@@ -179,11 +179,16 @@ def shipped():
 def test_one_candidate_through_the_planner_is_the_policys_own_plan_token_for_token(shipped, camera_image):
     ego, target = EgoState(vx=8.0, ax=0.3), (20.0, 4.0)
     alone = shipped.plan([camera_image], ego, "turn left", target=target)
-    for scorer in (None, "perception", "likelihood"):
-        planner = CandidatePlanner(shipped, candidates=1, scorer=scorer)
+    for scorer, braking in ((None, True), ("perception", False), ("likelihood", True)):
+        planner = CandidatePlanner(shipped, candidates=1, scorer=scorer, braking=braking)
         plan = planner.plan([camera_image], ego, "turn left", target=target, time_s=1.0)
         assert plan.raw_text == alone.raw_text and np.array_equal(plan.trajectory, alone.trajectory)
         assert plan.chosen == 0 and plan.score is None and plan.detections is None  # no detection task added
+    # perception with braking checks the one plan: the same tokens, scored, the detections it was checked against
+    planner = CandidatePlanner(shipped, candidates=1, scorer="perception")
+    plan = planner.plan([camera_image], ego, "turn left", target=target, time_s=1.0)
+    assert plan.candidates[0].text == alone.raw_text["planning"] and plan.score is not None
+    assert plan.detections is not None and planner.stats.scored == 1
     four = CandidatePlanner(shipped, candidates=4).plan([camera_image], ego, "turn left", target=target)
     assert four.raw_text["planning"] == alone.raw_text["planning"] and len(four.candidates) == 4
 

@@ -2,9 +2,13 @@
 place of `policy.plan`.
 
 `CandidatePlanner(policy, candidates=N, scorer=NAME, sampling=METHOD).plan(images, ego, command, ...)`:
-- N = 1: the policy's own call, unchanged (the same tokens; no scorer runs, no detection is added);
+- N = 1 without a scorer, or with one that forecasts nothing (likelihood): the policy's own call, unchanged (the
+  same tokens; no scorer runs, no detection is added);
+- N = 1 with perception or oracle (and braking on): the policy's plan, scored, and braked along its path when it
+  is forecast to collide (`braking`): a safety check at the cost of the detections and one scoring;
 - N > 1: `policy.plan(..., candidates=N, sampling=...)` (one prefill, N answers as one batch), then the scorer picks
-  the best valid candidate (`base.choose`); without a scorer the plan keeps candidate 0, the greedy one.
+  the best valid candidate (`base.choose`, with braking plans when all collide: `braking.choose_or_brake`);
+  without a scorer the plan keeps candidate 0, the greedy one.
 The `perception` scorer needs the model's detections, so the detection task joins the plan's tasks; this frame's
 detections are kept with their time for the next frame's constant-velocity forecasts (`previous_detections`).
 The `oracle` scorer needs the embedded world's truth, which only a caller holding the world can give (`truth`).
@@ -108,11 +112,11 @@ class CandidatePlanner:
 
     @property
     def perceives(self) -> bool:
-        """Whether plans ask for detections for the scorer (perception with N > 1)."""
-        return self.candidates > 1 and self.scorer_name == "perception"
+        """Whether plans ask for detections for the scorer (perception with N > 1, or braking at N = 1)."""
+        return self.scorer_name == "perception" and (self.candidates > 1 or self.brakes)
 
     def settings(self) -> dict:
-        """N, the scorer's name (None: none) and the sampling, as records and summaries state them."""
+        """N, the scorer's name (None: none), the sampling and whether it brakes, as records and summaries state them."""
         return {"candidates": self.candidates, "scorer": self.scorer_name, "sampling": self.sampling.method,
                 "temperature": self.sampling.temperature, "shared_blocks": self.sampling.shared_blocks,
                 "braking": self.brakes}
@@ -120,7 +124,7 @@ class CandidatePlanner:
     @property
     def brakes(self) -> bool:
         """Whether plans whose candidates all collide get braking plans (`braking` on and a scorer that forecasts)."""
-        return self.braking and self.candidates > 1 and self.scorer is not None and hasattr(self.scorer.inner, "terms")
+        return self.braking and self.scorer is not None and hasattr(self.scorer.inner, "terms")
 
     def reset(self) -> None:
         """Forget the previous frame's detections and the counts (a new route, a restarted node)."""
@@ -145,10 +149,10 @@ class CandidatePlanner:
         for the age of the previous detections; `truth`: the oracle's context (true agents and lanes) or a function
         making it; `detections`: boxes of another detector in pixels of the first image, which the perception
         scorer then reads in place of the model's (no detection task is added). The plan carries the winner
-        (`chosen`, `score`); N = 1 is the policy's own call."""
+        (`chosen`, `score`); N = 1 without braking is the policy's own call."""
         t0 = time.perf_counter()
         kwargs = {"target": target} if tasks is None else {"target": target, "tasks": tasks}
-        if self.candidates == 1:
+        if self.candidates == 1 and not self.brakes:
             plan = self.policy.plan(images, ego, command, **kwargs)
             self._count(plan, time.perf_counter() - t0)
             return plan

@@ -354,14 +354,16 @@ def _ms_per_plan(records: list[dict]) -> Optional[float]:
 
 
 def candidate_summary(records: list[dict], settings: dict) -> dict:
-    """The candidate settings and, over the routes' records, how often a candidate other than 0 won, the invalid
-    candidates dropped, and the time scoring took per plan."""
+    """The candidate settings and, over the routes' records, how often a candidate other than 0 won, how often
+    braking plans were added and won, the invalid candidates dropped, and the time scoring took per plan."""
     counts = [r["candidates"] for r in records if r.get("candidates")]
-    total = {k: sum(c.get(k, 0) for c in counts) for k in ("plans", "scored", "non_greedy_wins", "candidates_drawn",
-                                                            "invalid_candidates", "score_s")}
+    total = {k: sum(c.get(k, 0) for c in counts) for k in ("plans", "scored", "non_greedy_wins", "braking_plans",
+                                                            "braking_wins", "candidates_drawn", "invalid_candidates",
+                                                            "score_s")}
     plans = max(total["plans"], 1)
     return {**settings, **{k: v for k, v in total.items() if k != "score_s"},
             "non_greedy_share": round(total["non_greedy_wins"] / plans, 4),
+            "braking_share": round(total["braking_wins"] / plans, 4),
             "invalid_share": round(total["invalid_candidates"] / max(total["candidates_drawn"], 1), 4),
             "score_ms_per_plan": round(1000.0 * total["score_s"] / plans, 2)}
 
