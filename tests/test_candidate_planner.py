@@ -213,6 +213,7 @@ def test_decode_prints_every_candidate_with_its_score_and_the_winner_is_the_best
     out = json.loads(capsys.readouterr().out)
     rows = out["candidate_list"]
     assert [r["index"] for r in rows] == [0, 1, 2] and (out["candidates"], out["scorer"]) == (3, "likelihood")
+    assert {r["source"] for r in rows} == {"model"} and out["braking"] is False  # likelihood forecasts nothing
     scores = [r["score"] if r["score"] is not None else -np.inf for r in rows]
     assert out["chosen"] == int(np.argmax(scores)) and out["score"] == pytest.approx(max(scores), abs=1e-4)
     assert out["trajectory"] == rows[out["chosen"]]["trajectory"]

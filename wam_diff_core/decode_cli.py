@@ -62,11 +62,11 @@ def load_image(path: str | None) -> np.ndarray:
 
 
 def candidates_to_json(plan, scores=None) -> list[dict]:
-    """Every candidate of a plan: index, validity, trajectory or error, mean token log-probability, and its score
-    when a scorer ranked them (None for an invalid one)."""
+    """Every candidate of a plan: index, source (model, or a braking plan), validity, trajectory or error, mean
+    token log-probability, and its score when a scorer ranked them (None for an invalid one)."""
     out = []
     for c in plan.candidates:
-        row = {"index": c.index, "valid": c.valid, "trajectory": None if c.trajectory is None else c.trajectory.tolist(),
+        row = {"index": c.index, "source": c.source, "valid": c.valid, "trajectory": None if c.trajectory is None else c.trajectory.tolist(),
                "logprob": round(float(c.logprob), 4), "error": c.error}
         if scores is not None:
             row["score"] = round(float(scores[c.index]), 4) if np.isfinite(scores[c.index]) else None
