@@ -17,7 +17,7 @@ rendered into --cache on first use). One JSON line per frame lands in --rows (a 
 distance of the candidates' last waypoints) is printed and written to --json.
 
   scripts/candidates_open_loop.py --model models/nano-s-b32 --candidates 8 --samples 1640 \
-      --rows runs/cand/open_loop_rows.jsonl --json results/candidates/open_loop.json \
+      --rows runs/cand/open_loop_rows.jsonl --json results/candidates/open_loop_node.json \
       [--steps 2 --threshold 0.3 --dtype auto]   # decoding options; default the checkpoint's own
 """
 from __future__ import annotations
