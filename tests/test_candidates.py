@@ -94,6 +94,33 @@ def test_candidates_sharing_blocks_start_with_the_greedy_answer_and_candidate_0_
         CandidateSampling("tokens", 1.0, -1)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_single_step_candidates_commit_each_block_at_once_and_candidate_0_stays_token_identical(
+        camera_image, monkeypatch, dtype):
+    policy = DrivingPolicy.load(str(MODELS / "nano-s-b32"), steps=2, threshold=0.3, dtype=dtype)
+    seen = _recording_generate(monkeypatch)
+    alone = policy.plan([camera_image], EGO, "follow lane")
+    plan = policy.plan([camera_image], EGO, "follow lane", candidates=6,
+                       sampling=CandidateSampling("tokens", 1.0, single_step=True))
+    assert seen[1].token_ids[0] == seen[0].token_ids[0] and seen[1].token_probs[0] == seen[0].token_probs[0]
+    assert plan.candidates[0].text == alone.raw_text["planning"] and len({c.text for c in plan.candidates}) >= 3
+    assert all(c.valid for c in plan.candidates)  # the grammar holds for a block committed at once
+    # the greedy row's second steps run alone: fewer rows x tokens than every row taking every step
+    rows = []
+    real = policy.runner.forward_tokens
+
+    def counting(tokens, *args, **kwargs):
+        rows.append(tokens.shape[0])
+        return real(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(policy.runner, "forward_tokens", counting)
+    policy.plan([camera_image], EGO, "follow lane", candidates=6, sampling=CandidateSampling("tokens"))
+    every, rows = rows, []
+    policy.plan([camera_image], EGO, "follow lane", candidates=6,
+                sampling=CandidateSampling("tokens", single_step=True))
+    assert len(rows) == len(every) and 1 in rows and 1 not in every and sum(rows) < sum(every)
+
+
 def test_with_detection_the_detection_row_is_decoded_once_and_both_greedy_rows_are_unchanged(
         random_policy, camera_image, monkeypatch):
     seen = _recording_generate(monkeypatch)
@@ -247,3 +274,12 @@ def test_the_candidates_bench_writes_cost_and_diversity_per_count_and_method(tmp
     assert "--methods 'beam'" in capsys.readouterr().err
     assert main(["bench", "--candidates", "1,4", "--shared-blocks", "-1"]) == 2
     assert "--shared-blocks '-1': expected comma-separated integers >= 0" in capsys.readouterr().err
+
+
+def test_bench_entries_cover_every_count_method_shared_blocks_and_single_step_setting():
+    from wam_diff_core.bench.candidates import entries, label
+
+    specs = entries([1, 8], ["tokens"], 1.0, (0, 2), (False, True))
+    assert [label(n, s) for n, s in specs] == ["N=1", "N=8 tokens", "N=8 tokens, single step", "N=8 tokens, 2 shared",
+                                               "N=8 tokens, 2 shared, single step"]
+    assert specs[2][1] == CandidateSampling("tokens", 1.0, 0, True)

@@ -42,6 +42,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", default=SHIPPED_MODEL, help="the shipped model (default) or a checkpoint directory")
     parser.add_argument("--methods", default=",".join(SAMPLING_METHODS), help=f"sampling methods of {SAMPLING_METHODS}")
     parser.add_argument("--temperature", type=float, default=1.0, help="the sampling methods' noise scale")
+    parser.add_argument("--single-step", action="store_true",
+                        help="also every entry with single-step candidates (each block committed at once)")
     parser.add_argument("--shared-blocks", default="0", help="answer blocks the candidates share with the greedy "
                                                             "one, comma-separated (every N and method with each)")
     parser.add_argument("--data", default=None, help="planning split (`wam-diff data`'s val.json); default: the "
@@ -56,17 +58,18 @@ def add_arguments(parser) -> None:
 
 
 def entries(counts: Sequence[int], methods: Sequence[str], temperature: float,
-            shared: Sequence[int] = (0,)) -> list[tuple[int, Optional[CandidateSampling]]]:
-    """(N, sampling) per entry: N = 1 first (no sampling), then every other N with every method and every count
-    of shared blocks."""
-    return [(1, None)] + [(n, CandidateSampling(m, temperature, k)) for n in counts if n > 1 for m in methods
-                          for k in shared]
+            shared: Sequence[int] = (0,), single: Sequence[bool] = (False,)) -> list[tuple[int, Optional[CandidateSampling]]]:
+    """(N, sampling) per entry: N = 1 first (no sampling), then every other N with every method, every count
+    of shared blocks and each single-step setting."""
+    return [(1, None)] + [(n, CandidateSampling(m, temperature, k, one)) for n in counts if n > 1 for m in methods
+                          for k in shared for one in single]
 
 
 def label(n: int, sampling: Optional[CandidateSampling]) -> str:
     if sampling is None:
         return "N=1"
-    return f"N={n} {sampling.method}" + (f", {sampling.shared_blocks} shared" if sampling.shared_blocks else "")
+    return (f"N={n} {sampling.method}" + (f", {sampling.shared_blocks} shared" if sampling.shared_blocks else "")
+            + (", single step" if sampling.single_step else ""))
 
 
 def endpoint_spread(trajectories: Sequence[np.ndarray]) -> Optional[float]:
@@ -143,7 +146,8 @@ def summarise(specs, rounds: list[list[dict]], memory: list[float], frames: Sequ
     candidates, diversity and L2; per frame the raw records."""
     rows = [{"label": label(n, s), "candidates": n, "method": None if s is None else s.method,
              "temperature": None if s is None else s.temperature,
-             "shared_blocks": None if s is None else s.shared_blocks, "peak_allocated_mb": mb} | _entry_row(i, rounds)
+             "shared_blocks": None if s is None else s.shared_blocks,
+             "single_step": None if s is None else s.single_step, "peak_allocated_mb": mb} | _entry_row(i, rounds)
             for i, ((n, s), mb) in enumerate(zip(specs, memory))]
     per_frame = [{"id": f.id, "scenario": f.scenario,
                   "plans": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in g.items()} for g in r]}
@@ -201,7 +205,7 @@ def run(args) -> int:
     user = decoding_arguments(args)
     policy = DrivingPolicy.load(args.model, device=args.device, dtype=user.pop("dtype", None), **user)
     source, frames = frame_source(args, [policy])
-    specs = entries(counts, methods, args.temperature, shared)
+    specs = entries(counts, methods, args.temperature, shared, (False, True) if args.single_step else (False,))
     timers = [candidate_timer(policy, frames, n, s) for n, s in specs]
     for timer in timers:  # warm-up
         timer(0)

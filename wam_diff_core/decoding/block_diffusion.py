@@ -144,7 +144,7 @@ def _generate_eager(runner: ModelRunner, batch: PromptBatch, cfg: DecoderConfig,
                 pending = tuple(torch.cat([t, t[rows.of:rows.of + 1].expand(b - live, -1)]) for t in pending)
         live = b if rows is None else rows.live(j)
         pos = (next_pos[:, None] + j * B + offsets)[:live]
-        x, x_probs = _block(runner, cache, cfg, (j, block_id, K, live < b), pending, pos, prev_logits[:live], out[:live],
+        x, x_probs = _block(runner, cache, cfg, (j, block_id, K), pending, pos, prev_logits[:live], out[:live],
                             constraint if constraint is None or live == b else constraint.head(live),
                             sampler if live == b else None, generator, mask_id, eos_id, dynamic, padded, done[:live])
         x_probs, committed = x_probs
@@ -177,10 +177,12 @@ def _block(runner: ModelRunner, cache, cfg: DecoderConfig, where: tuple, pending
            sampler: RowSampler | None, generator, mask_id: int, eos_id: int, dynamic: bool, padded: bool,
            done: torch.Tensor):
     """Denoise answer block j of the rows given (up to K steps, the finished block `pending` committed by the
-    first): (its tokens (rows, B), (their commit probabilities (rows, B), the new last logits of the rows' cache or
-    None when no block was committed))."""
-    j, block_id, K, subset = where
+    first; with a single-step sampler the candidate rows commit the whole block at the first step and the later
+    steps run the prompts' own rows alone): (its tokens (rows, B), (their commit probabilities (rows, B), the new
+    last logits of the rows' cache or None when no block was committed))."""
+    j, block_id, K = where
     b, B, device = pos.shape[0], cfg.block_size, pos.device
+    keep = sampler.rows.own if sampler is not None and sampler.rows.sampling.single_step else b
     offsets = torch.arange(B, device=device)
     x = _full(b, B, mask_id, device)
     masked = torch.ones(b, B, dtype=torch.bool, device=device)
@@ -189,28 +191,33 @@ def _block(runner: ModelRunner, cache, cfg: DecoderConfig, where: tuple, pending
     chains = constraint.chains(j * B, B) if constraint is not None and cfg.number_order and B > 1 else None
     committed = None
     for s in range(K):
-        h = None
+        n, h = (b if s == 0 else keep), None
         if pending is not None:
             prev_logits, h = _commit_fused(runner, cache, pending, x, pos, block_id)
             committed, pending = prev_logits, None
         elif B > 1:
-            h = runner.forward_tokens(x, _full(b, B, block_id, device), _full(b, B, NOISY, device), cache, rope,
-                                      full=not padded)
+            h = runner.forward_tokens(x[:n], _full(n, B, block_id, device), _full(n, B, NOISY, device), cache,
+                                      tuple(r[:n] for r in rope), full=not padded)
         # token 0 of the block is predicted by the previous block's last logit, token i > 0 by
         # block position i - 1; one predict call keeps the sampling noise in block order
-        logits = prev_logits[:, None] if h is None else torch.cat([prev_logits[:, None], runner.logits(h[:, : B - 1])], 1)
+        logits = prev_logits[:n, None] if h is None else \
+            torch.cat([prev_logits[:n, None], runner.logits(h[:, : B - 1])], 1)
         if constraint is not None:
-            answer = torch.cat([out[:, : j * B], x], 1) if constraint.envelope is not None else None
-            logits = constraint.apply(logits, j * B, answer)
-        if sampler is None:
+            rows_constraint = constraint if n == b else constraint.head(n)
+            answer = torch.cat([out[:n, : j * B], x[:n]], 1) if constraint.envelope is not None else None
+            logits = rows_constraint.apply(logits, j * B, answer)
+        if sampler is None or n < b:
             pred, conf = predict(logits, cfg.temperature, generator, exclude=mask_id)
             rank = conf
         else:
             pred, conf, rank = sampler(logits, exclude=mask_id)
-        commit = commit_mask(rank, masked, cfg.strategy, cfg.threshold, cfg.steps, s, chains, cfg.schedule)
-        x = torch.where(commit, pred, x)
-        x_probs = torch.where(commit, conf, x_probs)
-        masked = masked & ~commit
+        commit = commit_mask(rank, masked[:n], cfg.strategy, cfg.threshold, cfg.steps, s,
+                             None if chains is None else chains[:n], cfg.schedule)
+        if n > keep:
+            commit[keep:] = masked[keep:n]  # the candidate rows: the whole block at once
+        x[:n] = torch.where(commit, pred, x[:n])
+        x_probs[:n] = torch.where(commit, conf, x_probs[:n])
+        masked[:n] &= ~commit
         if dynamic and s < K - 1 and bool(_settled(x, masked, done, eos_id, offsets, cfg.ignore_eos).all()):
             break
     return x, (x_probs, committed)

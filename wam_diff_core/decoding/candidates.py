@@ -41,11 +41,13 @@ class CandidateSampling:
     """How candidates 1..N-1 are drawn: `method` one of SAMPLING_METHODS, `temperature` > 0 the scale of
     its noise (the token distribution's temperature for "tokens", the Gumbel noise's on the log confidences for
     "order"); `shared_blocks` >= 0: the answer's first blocks every candidate shares with the greedy one
-    (decoded once, in its row alone; the candidates branch after them)."""
+    (decoded once, in its row alone; the candidates branch after them); `single_step`: the candidates commit a
+    whole block at its first denoising step (the greedy row takes its K steps alone)."""
 
     method: str = "tokens"
     temperature: float = 1.0
     shared_blocks: int = 0
+    single_step: bool = False
 
     def __post_init__(self):
         if self.method not in SAMPLING_METHODS:

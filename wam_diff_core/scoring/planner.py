@@ -87,19 +87,23 @@ class CandidatePlanner:
     `has_world`: the caller can give the oracle the embedded world's truth (else the oracle is refused, naming
     `where`); `camera`: the top-down camera the perception scorer reads boxes in (default: the embedded world's at the
     frame's size); `shared_blocks`: the answer blocks the candidates share with the greedy one before they branch
-    (`CandidateSampling.shared_blocks`; 0: none); `braking`: with a scorer that forecasts collisions (perception, oracle), brake along the greedy
-    candidate's path when no candidate is safe (`scoring.braking`)."""
+    (`CandidateSampling.shared_blocks`; 0: none); `single_step`: the candidates commit each block at its first
+    denoising step (`CandidateSampling.single_step`); `braking`: with a scorer that forecasts collisions
+    (perception, oracle), brake along the greedy candidate's path when every candidate collides
+    (`scoring.braking`)."""
 
     def __init__(self, policy, candidates: int = 1, scorer: Optional[str] = None,
                  sampling: CandidateSampling | str | None = None, *, has_world: bool = False, where: str = "here",
-                 camera: Optional[TopDownCamera] = None, braking: bool = True, shared_blocks: int = 0):
+                 camera: Optional[TopDownCamera] = None, braking: bool = True, shared_blocks: int = 0,
+                 single_step: bool = False):
         self.policy = policy
         self.braking = bool(braking)
         self.candidates = check_candidates(candidates)
         self.scorer_name = check_scorer_setting(scorer, has_world, where)
         self.sampling = check_sampling(sampling)
-        if shared_blocks:
-            self.sampling = CandidateSampling(self.sampling.method, self.sampling.temperature, shared_blocks)
+        if shared_blocks or single_step:
+            self.sampling = CandidateSampling(self.sampling.method, self.sampling.temperature, shared_blocks,
+                                              bool(single_step))
         config = getattr(policy, "config", None)
         if self.candidates > 1 and config is not None:
             from ..policy import check_candidate_settings  # heavy (torch): only with a policy that decodes
@@ -119,7 +123,7 @@ class CandidatePlanner:
         """N, the scorer's name (None: none), the sampling and whether it brakes, as records and summaries state them."""
         return {"candidates": self.candidates, "scorer": self.scorer_name, "sampling": self.sampling.method,
                 "temperature": self.sampling.temperature, "shared_blocks": self.sampling.shared_blocks,
-                "braking": self.brakes}
+                "single_step": self.sampling.single_step, "braking": self.brakes}
 
     @property
     def brakes(self) -> bool:
@@ -232,6 +236,9 @@ def add_candidate_arguments(parser, world: bool = False) -> None:
     g.add_argument("--shared-blocks", type=int, default=0, metavar="S",
                    help="the answer's first S blocks are the greedy candidate's for every candidate, decoded once; "
                         "the candidates branch after them (default 0: from the first token; docs/scoring.md)")
+    g.add_argument("--single-step", action="store_true",
+                   help="candidates 1..N-1 commit each answer block at its first denoising step; the greedy "
+                        "candidate takes its steps alone (docs/scoring.md)")
     g.add_argument("--no-braking", dest="braking", action="store_false",
                    help="with perception or oracle: do not add braking plans along the greedy path when no "
                         "candidate is forecast safe (default: add them; docs/scoring.md)")
@@ -262,6 +269,8 @@ def candidate_arguments(args, has_world: bool, where: str, decoding: Optional[di
     out = {"candidates": n, "scorer": scorer, "sampling": check_sampling(args.sampling).method}
     if not getattr(args, "braking", True):
         out["braking"] = False
+    if getattr(args, "single_step", False):
+        out["single_step"] = True
     shared = getattr(args, "shared_blocks", 0)
     if shared:
         CandidateSampling(out["sampling"], shared_blocks=shared)  # a one-line CandidatesError for a bad count
