@@ -47,9 +47,9 @@ def brake_along(trajectory: np.ndarray, speed_mps: float, deceleration_mps2: flo
     knots = np.vstack([[0.0, 0.0], traj])
     along = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(knots, axis=0), axis=1))])
     t = np.arange(1, NUM_WAYPOINTS + 1) * WAYPOINT_DT_S
-    v0 = max(float(speed_mps), 0.0)
-    moving = np.minimum(t, v0 / deceleration_mps2)
-    braking = v0 * moving - deceleration_mps2 * moving ** 2 / 2
+    speed = max(float(speed_mps), 0.0)
+    moving = np.minimum(t, speed / deceleration_mps2)  # until it stands
+    braking = speed * moving - deceleration_mps2 * moving ** 2 / 2
     s = np.minimum(braking, along[1:])
     s = np.maximum.accumulate(s)  # the plan's own path length never shrinks; a braking one neither
     return np.stack([np.interp(s, along, knots[:, 0]), np.interp(s, along, knots[:, 1])], axis=1)
