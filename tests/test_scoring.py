@@ -312,3 +312,17 @@ def test_leaving_out_far_agents_and_lane_pieces_changes_no_pdm_term(route, most_
     collisions, ttc_hits, _ = np.sum(hits, axis=0)  # highway: 13 and 10 of the 40 plans, roundabout 36 and 5
     assert collisions >= 3 and ttc_hits >= 3  # the plans do test what is left out
     assert len(context.agents) >= 4 and agents_kept <= most_kept[0] and lane_points_kept <= most_kept[1]
+
+
+def test_an_agents_states_at_many_times_are_its_states_at_each_time_bit_for_bit():
+    from wam_diff_core.eval.pdm import Agent
+
+    future = np.stack([3.0 + 4.0 * np.arange(1, 9) * 0.5, 0.2 * np.arange(1, 9), np.linspace(0.1, 3.1, 8)], axis=1)
+    agents = [Agent(xy=(5.0, 1.0), heading=0.3, velocity=(2.0, -1.0), static=True),
+              Agent(xy=(5.0, 1.0), heading=0.3, velocity=(2.0, -1.0)),
+              Agent(xy=(3.0, 0.0), heading=3.0, velocity=(4.0, 0.0), future=future)]  # headings wrap: unwrapped
+    times = np.arange(0.0, 5.0 + 1e-9, 0.1)  # past the 4 s log: its last step's velocity
+    for agent in agents:
+        xy, heading = agent.states_at(times)
+        one = [agent.state_at(float(t)) for t in times]
+        assert np.array_equal(xy, np.array([p for p, _ in one])) and np.array_equal(heading, np.array([h for _, h in one]))

@@ -6,6 +6,7 @@ smoothed with a Savitzky-Golay filter (window 7, order 2) before the bounds are 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -24,12 +25,16 @@ COMFORT_BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
+@lru_cache(maxsize=None)
 def _savgol_coeffs(window: int, order: int, pos: int) -> np.ndarray:
-    """Least-squares polynomial smoothing weights evaluating the fit at sample `pos` of the window."""
+    """Least-squares polynomial smoothing weights evaluating the fit at sample `pos` of the window (computed once
+    per window, order and position; read-only)."""
     t = np.arange(window, dtype=np.float64) - pos
     vander = np.vander(t, order + 1, increasing=True)  # (window, order+1)
     # value of the fitted polynomial at t=0 is the first coefficient: row 0 of the pseudo-inverse.
-    return np.linalg.pinv(vander)[0]
+    coeffs = np.linalg.pinv(vander)[0]
+    coeffs.flags.writeable = False
+    return coeffs
 
 
 def savgol(signal: np.ndarray, window: int = SAVGOL_WINDOW, order: int = SAVGOL_ORDER) -> np.ndarray:

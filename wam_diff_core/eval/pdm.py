@@ -56,6 +56,28 @@ class Agent:
             return np.array([xs[-1], ys[-1]]) + v * (t - times[-1]), float(hs[-1])
         return np.asarray(self.xy, dtype=np.float64) + np.asarray(self.velocity, dtype=np.float64) * t, self.heading
 
+    def states_at(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`state_at` at every time of `times` (T,) at once: centres (T, 2) and headings (T,), the same values."""
+        t = np.asarray(times, dtype=np.float64)
+        xy = np.asarray(self.xy, dtype=np.float64)
+        if self.static:
+            return np.repeat(xy[None], t.shape[0], axis=0), np.full(t.shape[0], float(self.heading))
+        if self.future is None:
+            return xy + np.asarray(self.velocity, dtype=np.float64) * t[:, None], np.full(t.shape[0], float(self.heading))
+        f = np.asarray(self.future, dtype=np.float64)
+        knots = np.arange(0, f.shape[0] + 1) * WAYPOINT_DT_S
+        xs, ys = np.concatenate([[xy[0]], f[:, 0]]), np.concatenate([[xy[1]], f[:, 1]])
+        hs = np.unwrap(np.concatenate([[self.heading], f[:, 2]]))
+        centres = np.stack([np.interp(t, knots, xs), np.interp(t, knots, ys)], axis=1)
+        headings = np.interp(t, knots, hs)
+        late = t > knots[-1]  # past the log: its last step's velocity held
+        if late.any():
+            end = np.array([xs[-1], ys[-1]])
+            v = (end - np.array([xs[-2], ys[-2]])) / WAYPOINT_DT_S
+            centres[late] = end + v * (t[late] - knots[-1])[:, None]
+            headings[late] = hs[-1]
+        return centres, headings
+
 
 @dataclass
 class PdmScene:

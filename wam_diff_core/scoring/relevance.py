@@ -41,10 +41,9 @@ def tabulate(agents: Sequence[Agent]) -> list[TabulatedAgent]:
     times = np.arange(0.0, HORIZON_S + max(TTC_HORIZONS_S) + 1e-9, SIM_DT_S)
     out = []
     for a in agents:
-        states = [a.state_at(float(t)) for t in times]
+        table_xy, table_heading = a.states_at(times)
         fields = {f.name: getattr(a, f.name) for f in dataclasses.fields(Agent)}
-        out.append(TabulatedAgent(**fields, table_xy=np.array([xy for xy, _ in states]),
-                                  table_heading=np.array([h for _, h in states])))
+        out.append(TabulatedAgent(**fields, table_xy=table_xy, table_heading=table_heading))
     return out
 
 
