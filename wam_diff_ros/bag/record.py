@@ -20,6 +20,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from wam_diff_core.constants import JUNCTION_SCENARIOS, REPLAN_EVERY
+from wam_diff_core.scoring.camera import TOP_DOWN_EGO_ANCHOR, TOP_DOWN_PX_PER_M
 
 from ..camera_tf import OPTICAL_ROTATION, top_down_mount
 from . import topics as T
@@ -116,7 +117,8 @@ def odometry_msg(store, tick, stamp_ns: int):
                  twist=blank(store, "geometry_msgs/msg/TwistWithCovariance", twist=twist))
 
 
-def camera_tf_msg(store, stamp_ns: int, width: int, height: int, scaling: float = 3.0, anchor=(0.25, 0.5)):
+def camera_tf_msg(store, stamp_ns: int, width: int, height: int, scaling: float = TOP_DOWN_PX_PER_M,
+                  anchor=TOP_DOWN_EGO_ANCHOR):
     """tf2_msgs/TFMessage of the world's camera: base_link -> camera_front_link (above the image centre) ->
     camera_front_optical_frame, as the highway bridge sends on /tf_static (camera_tf.py)."""
     mount = top_down_mount(T.CAMERA_NAME, width, height, scaling, anchor)
