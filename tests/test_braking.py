@@ -73,6 +73,9 @@ def test_braking_candidates_are_numbered_after_the_models_marked_and_their_text_
     assert {c.source for c in extra} == {BRAKING_SOURCE} and base.source == "model"
     for c in extra:
         assert np.allclose(parse_trajectory(c.text), c.trajectory)
+    for bad in (0.0, -3.0, float("nan"), "4"):
+        with pytest.raises(ValueError, match=f"expected finite numbers > 0 m/s\\^2, got {bad!r}"):
+            braking_candidates(base, 10.0, 8, (3.0, bad))
 
 
 def test_nothing_is_added_while_one_candidate_is_collision_free():

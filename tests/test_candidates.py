@@ -92,6 +92,8 @@ def test_candidates_sharing_blocks_start_with_the_greedy_answer_and_candidate_0_
     assert set(texts[8]) == {alone.raw_text["planning"]}  # every block shared: the greedy answer, six times
     with pytest.raises(CandidatesError, match="shared blocks -1: expected an integer >= 0"):
         CandidateSampling("tokens", 1.0, -1)
+    with pytest.raises(CandidatesError, match="single step 'yes': expected true or false"):
+        CandidateSampling("tokens", single_step="yes")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -58,6 +58,8 @@ class CandidateSampling:
         k = self.shared_blocks
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise CandidatesError(f"shared blocks {k!r}: expected an integer >= 0")
+        if not isinstance(self.single_step, bool):
+            raise CandidatesError(f"single step {self.single_step!r}: expected true or false")
 
 
 def check_candidates(candidates) -> int:

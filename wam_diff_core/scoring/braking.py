@@ -57,7 +57,12 @@ def brake_along(trajectory: np.ndarray, speed_mps: float, deceleration_mps2: flo
 
 def braking_candidates(base: Candidate, speed_mps: float, first_index: int,
                        decelerations: Sequence[float] = BRAKING_DECELERATIONS_MPS2) -> list[Candidate]:
-    """`base`'s path braked at each deceleration, as candidates `first_index`, `first_index` + 1, ..."""
+    """`base`'s path braked at each deceleration, as candidates `first_index`, `first_index` + 1, ...; a ValueError
+    names a deceleration that is not a finite number > 0."""
+    bad = [d for d in decelerations if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d < np.inf]
+    if bad:
+        raise ValueError(f"braking decelerations {list(decelerations)!r}: expected finite numbers > 0 m/s^2, "
+                         f"got {bad[0]!r}")
     out = []
     for k, decel in enumerate(decelerations):
         traj = np.round(brake_along(base.trajectory, speed_mps, float(decel)), 2)
