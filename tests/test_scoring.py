@@ -314,15 +314,22 @@ def test_leaving_out_far_agents_and_lane_pieces_changes_no_pdm_term(route, most_
     assert len(context.agents) >= 4 and agents_kept <= most_kept[0] and lane_points_kept <= most_kept[1]
 
 
-def test_an_agents_states_at_many_times_are_its_states_at_each_time_bit_for_bit():
+def test_an_agents_states_at_many_times_follow_its_log_then_its_last_step_or_its_velocity():
     from wam_diff_core.eval.pdm import Agent
 
-    future = np.stack([3.0 + 4.0 * np.arange(1, 9) * 0.5, 0.2 * np.arange(1, 9), np.linspace(0.1, 3.1, 8)], axis=1)
-    agents = [Agent(xy=(5.0, 1.0), heading=0.3, velocity=(2.0, -1.0), static=True),
-              Agent(xy=(5.0, 1.0), heading=0.3, velocity=(2.0, -1.0)),
-              Agent(xy=(3.0, 0.0), heading=3.0, velocity=(4.0, 0.0), future=future)]  # headings wrap: unwrapped
-    times = np.arange(0.0, 5.0 + 1e-9, 0.1)  # past the 4 s log: its last step's velocity
-    for agent in agents:
-        xy, heading = agent.states_at(times)
-        one = [agent.state_at(float(t)) for t in times]
-        assert np.array_equal(xy, np.array([p for p, _ in one])) and np.array_equal(heading, np.array([h for _, h in one]))
+    times = np.array([0.0, 0.25, 1.0, 4.0, 4.5])  # 4.5: past the 4 s log
+    still = Agent(xy=(5.0, 1.0), heading=0.3, velocity=(2.0, -1.0), static=True)
+    xy, heading = still.states_at(times)
+    assert np.array_equal(xy, np.tile([5.0, 1.0], (5, 1))) and np.array_equal(heading, np.full(5, 0.3))
+    moving = Agent(xy=(5.0, 1.0), heading=0.3, velocity=(2.0, -1.0))
+    xy, heading = moving.states_at(times)
+    assert np.allclose(xy, np.stack([5.0 + 2.0 * times, 1.0 - times], axis=1)) and np.all(heading == 0.3)
+    knots_x = 3.0 + 4.0 * np.arange(1, 9) * 0.5  # 4 m/s along x from x = 3, heading 3.0 -> -3.0 (wraps)
+    future = np.stack([knots_x, np.zeros(8), np.full(8, -3.0)], axis=1)
+    logged = Agent(xy=(3.0, 0.0), heading=3.0, velocity=(0.0, 0.0), future=future)
+    xy, heading = logged.states_at(times)
+    assert np.allclose(xy[:, 0], 3.0 + 4.0 * times) and np.allclose(xy[:, 1], 0.0)  # past the log: the last step's 4 m/s
+    assert heading[0] == 3.0 and np.allclose(heading[2:], 2 * np.pi - 3.0)  # unwrapped, not a turn through 0
+    assert np.allclose(heading[1], 3.0 + (2 * np.pi - 6.0) / 2)
+    one = [logged.state_at(float(t)) for t in times]
+    assert np.array_equal(xy, np.array([p for p, _ in one])) and np.array_equal(heading, np.array([h for _, h in one]))

@@ -41,29 +41,20 @@ class Agent:
     future: Optional[np.ndarray] = None
 
     def state_at(self, t: float) -> tuple[np.ndarray, float]:
-        """Centre and heading at time t (s) from the log if any, else at constant velocity."""
-        if self.static:
-            return np.asarray(self.xy, dtype=np.float64), self.heading
-        if self.future is not None:
-            f = np.asarray(self.future, dtype=np.float64)
-            times = np.arange(0, f.shape[0] + 1) * WAYPOINT_DT_S
-            xs = np.concatenate([[self.xy[0]], f[:, 0]])
-            ys = np.concatenate([[self.xy[1]], f[:, 1]])
-            hs = np.unwrap(np.concatenate([[self.heading], f[:, 2]]))
-            if t <= times[-1]:
-                return np.array([np.interp(t, times, xs), np.interp(t, times, ys)]), float(np.interp(t, times, hs))
-            v = (np.array([xs[-1], ys[-1]]) - np.array([xs[-2], ys[-2]])) / WAYPOINT_DT_S
-            return np.array([xs[-1], ys[-1]]) + v * (t - times[-1]), float(hs[-1])
-        return np.asarray(self.xy, dtype=np.float64) + np.asarray(self.velocity, dtype=np.float64) * t, self.heading
+        """Centre and heading at time t (s) from the log if any, else at constant velocity (`states_at` at one time)."""
+        centres, headings = self.states_at(np.array([t], dtype=np.float64))
+        return centres[0], float(headings[0])
 
     def states_at(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`state_at` at every time of `times` (T,) at once: centres (T, 2) and headings (T,), the same values."""
+        """Centres (T, 2) and headings (T,) at every time of `times` (T,) s: from the log if any (past its end, its
+        last step's velocity held), else at constant velocity."""
         t = np.asarray(times, dtype=np.float64)
         xy = np.asarray(self.xy, dtype=np.float64)
         if self.static:
             return np.repeat(xy[None], t.shape[0], axis=0), np.full(t.shape[0], float(self.heading))
         if self.future is None:
-            return xy + np.asarray(self.velocity, dtype=np.float64) * t[:, None], np.full(t.shape[0], float(self.heading))
+            moved = xy + np.asarray(self.velocity, dtype=np.float64) * t[:, None]
+            return moved, np.full(t.shape[0], float(self.heading))
         f = np.asarray(self.future, dtype=np.float64)
         knots = np.arange(0, f.shape[0] + 1) * WAYPOINT_DT_S
         xs, ys = np.concatenate([[xy[0]], f[:, 0]]), np.concatenate([[xy[1]], f[:, 1]])
