@@ -118,7 +118,8 @@ def picked(row: dict, variant: str, k: int):
 def summarize(rows: list[dict], scenes: dict) -> dict:
     """L2 and PDMS of candidate 0 (N = 1) and of each scorer's choice, with diversity and costs."""
     n = len(rows[0]["candidates"])
-    variants = {"N=1": (None, lambda r: 0), **{f"N={n} {s}": (s, lambda r, s=s: r["chosen"][s]) for s in rows[0]["chosen"]}}
+    variants = {"N=1": (None, lambda r: 0),
+                **{f"N={n} {s}": (s, lambda r, s=s: r["chosen"][s]) for s in rows[0]["chosen"]}}
     out = {"frames": len(rows), "variants": {}}
     truth = np.array([r["truth"] for r in rows])
     for name, (variant, pick) in variants.items():
@@ -128,7 +129,8 @@ def summarize(rows: list[dict], scenes: dict) -> dict:
         pred = np.array([trajs[i] for i in ok])
         pdms = [pdm_score(pred[j], scene_from_dict(scenes[rows[i]["id"]])) for j, i in enumerate(ok)]
         out["variants"][name] = {**l2_report(pred, truth[ok]), "invalid": len(rows) - len(ok),
-                                 "pdm": mean_pdms(pdms), "not_candidate_0": round(float(np.mean(np.array(chosen) != 0)), 4),
+                                 "pdm": mean_pdms(pdms),
+                                 "not_candidate_0": round(float(np.mean(np.array(chosen) != 0)), 4),
                                  "braking_won": round(float(np.mean(np.array(chosen) >= n)), 4)}
     ends = []
     for r in rows:

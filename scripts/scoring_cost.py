@@ -42,8 +42,9 @@ def main(argv=None) -> int:
         scene, frame = scene_from_dict(scenes[r["id"]]), frames[r["id"]]
         cands = [Candidate(k, None if t is None else np.asarray(t)) for k, t in enumerate(r["candidates"])]
         work.append((cands, frame, scene))
-    variants = {"perception terms (vehicles, no map)": lambda c, f, s: candidate_terms(c, f.ego, s.agents, None, f.target),
-                "oracle terms (vehicles and lanes)": lambda c, f, s: candidate_terms(c, f.ego, s.agents, s.lanes, f.target)}
+    variants = {
+        "perception terms (vehicles, no map)": lambda c, f, s: candidate_terms(c, f.ego, s.agents, None, f.target),
+        "oracle terms (vehicles and lanes)": lambda c, f, s: candidate_terms(c, f.ego, s.agents, s.lanes, f.target)}
     ms = {name: [] for name in variants}
     for cands, frame, scene in work:  # the variants take turns on every plan
         for name, fn in variants.items():

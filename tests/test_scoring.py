@@ -328,7 +328,7 @@ def test_an_agents_states_at_many_times_follow_its_log_then_its_last_step_or_its
     future = np.stack([knots_x, np.zeros(8), np.full(8, -3.0)], axis=1)
     logged = Agent(xy=(3.0, 0.0), heading=3.0, velocity=(0.0, 0.0), future=future)
     xy, heading = logged.states_at(times)
-    assert np.allclose(xy[:, 0], 3.0 + 4.0 * times) and np.allclose(xy[:, 1], 0.0)  # past the log: the last step's 4 m/s
+    assert np.allclose(xy[:, 0], 3.0 + 4.0 * times) and np.allclose(xy[:, 1], 0.0)  # past the log: the last 4 m/s
     assert heading[0] == 3.0 and np.allclose(heading[2:], 2 * np.pi - 3.0)  # unwrapped, not a turn through 0
     assert np.allclose(heading[1], 3.0 + (2 * np.pi - 6.0) / 2)
     one = [logged.state_at(float(t)) for t in times]

@@ -66,7 +66,8 @@ def candidates_to_json(plan, scores=None) -> list[dict]:
     token log-probability, and its score when a scorer ranked them (None for an invalid one)."""
     out = []
     for c in plan.candidates:
-        row = {"index": c.index, "source": c.source, "valid": c.valid, "trajectory": None if c.trajectory is None else c.trajectory.tolist(),
+        row = {"index": c.index, "source": c.source, "valid": c.valid,
+               "trajectory": None if c.trajectory is None else c.trajectory.tolist(),
                "logprob": round(float(c.logprob), 4), "error": c.error}
         if scores is not None:
             row["score"] = round(float(scores[c.index]), 4) if np.isfinite(scores[c.index]) else None

@@ -58,7 +58,8 @@ def add_arguments(parser) -> None:
 
 
 def entries(counts: Sequence[int], methods: Sequence[str], temperature: float,
-            shared: Sequence[int] = (0,), single: Sequence[bool] = (False,)) -> list[tuple[int, Optional[CandidateSampling]]]:
+            shared: Sequence[int] = (0,),
+            single: Sequence[bool] = (False,)) -> list[tuple[int, Optional[CandidateSampling]]]:
     """(N, sampling) per entry: N = 1 first (no sampling), then every other N with every method, every count
     of shared blocks and each single-step setting."""
     return [(1, None)] + [(n, CandidateSampling(m, temperature, k, one)) for n in counts if n > 1 for m in methods

@@ -98,7 +98,8 @@ def _commit_fused(runner: ModelRunner, cache, pending, x: torch.Tensor, pos: tor
     return runner.logits(hidden[:, B - 1]), (hidden[:, B:] if B > 1 else None)
 
 
-def _commit(runner: ModelRunner, cache, x: torch.Tensor, pos: torch.Tensor, block_id: int, padded: bool) -> torch.Tensor:
+def _commit(runner: ModelRunner, cache, x: torch.Tensor, pos: torch.Tensor, block_id: int,
+            padded: bool) -> torch.Tensor:
     """Write the finished block x (rows, B) at positions pos into the cache by a forward of its own; its rows'
     last logits (rows, vocab)."""
     b, B = x.shape

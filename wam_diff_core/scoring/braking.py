@@ -5,8 +5,9 @@ The model's candidates all keep roughly its own speed: where a vehicle cuts in o
 one of them can be forecast to collide, and picking the best of eight colliding plans still collides. PDM-Closed
 (NAVSIM's rule-based planner) always has slower proposals to fall back on. Here the fallback keeps the model's
 path and changes only the timing: when no candidate the model drew passes NC and TTC (`collision_free`), the
-greedy candidate's path is driven at each of `BRAKING_DECELERATIONS_MPS2` from the ego's speed (never faster than the plan itself, stopping at most), those plans are scored with the model's candidates
-(progress relative to the best safe one, as always) and the best of all is published; where every plan, braking
+greedy candidate's path is driven at each of `BRAKING_DECELERATIONS_MPS2` from the ego's speed (never faster than
+the plan itself, stopping at most), those plans are scored with the model's candidates (progress relative to the
+best safe one, as always) and the best of all is published; where every plan, braking
 ones included, scores 0, the hardest braking is published (it sheds the most speed before the contact). With a
 collision-free model candidate nothing is added and the choice is `base.choose`'s.
 

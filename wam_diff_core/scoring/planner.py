@@ -63,9 +63,9 @@ class _Recorded:
 @dataclass
 class CandidateStats:
     """What planning with candidates did: plans made, plans whose candidates a scorer ranked, plans won by a
-    candidate other than 0 (greedy), plans where braking plans were added (every model candidate was forecast to collide) and
-    plans a braking one won (`scoring.braking`), model candidates drawn and the invalid ones dropped (their answers did not parse),
-    seconds in whole plans and in scoring alone (context + scorer)."""
+    candidate other than 0 (greedy), plans where braking plans were added (every model candidate was forecast to
+    collide) and plans a braking one won (`scoring.braking`), model candidates drawn and the invalid ones dropped
+    (their answers did not parse), seconds in whole plans and in scoring alone (context + scorer)."""
 
     plans: int = 0
     scored: int = 0
@@ -120,7 +120,8 @@ class CandidatePlanner:
         return self.scorer_name == "perception" and (self.candidates > 1 or self.brakes)
 
     def settings(self) -> dict:
-        """N, the scorer's name (None: none), the sampling and whether it brakes, as records and summaries state them."""
+        """N, the scorer's name (None: none), the sampling and whether it brakes, as records and summaries state
+        them."""
         return {"candidates": self.candidates, "scorer": self.scorer_name, "sampling": self.sampling.method,
                 "temperature": self.sampling.temperature, "shared_blocks": self.sampling.shared_blocks,
                 "single_step": self.sampling.single_step, "braking": self.brakes}
