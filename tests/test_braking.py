@@ -113,13 +113,14 @@ def test_when_even_braking_collides_the_hardest_braking_is_published():
 
 
 def test_the_planner_brakes_for_a_detected_car_counts_it_and_does_not_when_told_not_to():
-    car = box_at(25.0, 0.0)  # standing 25 m ahead; the model's two candidates drive on at 10 m/s
+    # a car standing 29 m ahead, 25 m 0.4 s later (seen twice: standing); the model's two candidates drive on at 10 m/s
     for braking, wins in ((True, 1), (False, 0)):
-        policy = CandidatePolicy([straight(10.0), straight(10.5)], detections=[[car]])
+        policy = CandidatePolicy([straight(10.0), straight(10.5)], detections=[[box_at(29.0, 0.0)], [box_at(25.0, 0.0)]])
         planner = CandidatePlanner(policy, candidates=2, scorer="perception", braking=braking)
+        planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=0.6)  # no previous frame: it moves like the ego
         plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=1.0)
         s = planner.stats
-        assert (s.braking_plans, s.braking_wins, s.candidates_drawn) == (wins, wins, 2)
+        assert (s.braking_plans, s.braking_wins, s.candidates_drawn) == (wins, wins, 4)
         assert planner.settings()["braking"] is braking
         assert (plan.candidates[plan.chosen].source == BRAKING_SOURCE) is braking
         assert len(planner.last_scores) == len(plan.candidates)
@@ -130,11 +131,14 @@ def test_the_planner_brakes_for_a_detected_car_counts_it_and_does_not_when_told_
 
 
 def test_one_candidate_with_perception_is_checked_and_braked_when_it_would_hit_a_detected_car():
-    policy = CandidatePolicy([straight(10.0)], detections=[[box_at(25.0, 0.0)], [box_at(60.0, 0.0)]])
+    # a car standing 29 m, then 25 m ahead; then one 60 m ahead, new (beyond the gate of every earlier box): standing
+    policy = CandidatePolicy([straight(10.0)], detections=[[box_at(29.0, 0.0)], [box_at(25.0, 0.0)], [box_at(60.0, 0.0)]])
     planner = CandidatePlanner(policy, candidates=1, scorer="perception")
+    plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=0.6)  # no previous frame: it moves like the ego
+    assert plan.chosen == 0 and plan.score == pytest.approx(1.0)
     plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=1.0)
     assert policy.calls[0]["tasks"] == ("planning", "detection") and policy.calls[0]["candidates"] == 1
     assert plan.candidates[plan.chosen].source == BRAKING_SOURCE and plan.trajectory[-1, 0] < 25.0 - 2.5 - 2.0
     plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=1.4)  # the car 60 m ahead: clear
     assert plan.chosen == 0 and len(plan.candidates) == 1 and plan.score == pytest.approx(1.0)
-    assert (planner.stats.braking_plans, planner.stats.braking_wins, planner.stats.plans) == (1, 1, 2)
+    assert (planner.stats.braking_plans, planner.stats.braking_wins, planner.stats.plans) == (1, 1, 3)

@@ -113,9 +113,11 @@ def test_without_a_scorer_candidates_are_drawn_and_candidate_0_is_kept():
 
 
 def test_perception_adds_the_detection_task_and_picks_the_candidate_that_stops_short_of_a_detected_car():
-    car = box_at(20.0, 0.0)  # standing 20 m ahead in the ego's lane
-    policy = CandidatePolicy([straight(10), stopping(10, 5)], detections=[[car]])
+    # a car standing in the ego's lane: 24 m ahead, and 0.4 s later (the ego drove 4 m) 20 m ahead
+    policy = CandidatePolicy([straight(10), stopping(10, 5)], detections=[[box_at(24.0, 0.0)], [box_at(20.0, 0.0)]])
     planner = CandidatePlanner(policy, candidates=2, scorer="perception")
+    first = planner.plan([IMAGE], EgoState(10.0), "follow lane", tasks=("planning",), time_s=2.6)
+    assert first.chosen == 0  # no previous frame: it moves like the ego, candidate 0 keeps clear of it
     plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", tasks=("planning",), time_s=3.0)
     assert policy.calls[0]["tasks"] == ("planning", "detection")
     assert planner.last_scores[0] == 0.0 and planner.last_scores[1] > 0.5  # candidate 0 runs into it: NC 0
@@ -125,6 +127,7 @@ def test_perception_adds_the_detection_task_and_picks_the_candidate_that_stops_s
 def test_perception_reads_another_detectors_boxes_in_place_of_the_models_without_a_detection_task():
     policy = CandidatePolicy([straight(10), stopping(10, 5)], detections=[[]])
     planner = CandidatePlanner(policy, candidates=2, scorer="perception")
+    planner.plan([IMAGE], EgoState(10.0), "follow lane", detections=[box_at(24.0, 0.0)], time_s=0.6)
     plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", detections=[box_at(20.0, 0.0)], time_s=1.0)
     assert policy.calls[0]["tasks"] == ("planning",) and plan.chosen == 1 and planner.last_scores[0] == 0.0
     assert planner._previous[0] == (box_at(20.0, 0.0),)  # the next frame's forecast reads them too

@@ -69,16 +69,23 @@ def test_world_pixels_to_ego_inverts_ego_to_pixels_to_a_micrometre():
 
 
 # ---------------------------------------------------------------- the terms
+def parked(camera: TopDownCamera, xy, ego_speed: float, age: float = 0.4) -> dict:
+    """Context keywords for a vehicle standing at xy now and seen `age` s earlier, the ego driving along x at
+    `ego_speed` in between (it was that much farther ahead then)."""
+    earlier = (xy[0] + ego_speed * age, xy[1])
+    return dict(detections=[box_of(camera, xy)], previous_detections=[box_of(camera, earlier)], previous_age_s=age)
+
+
 def test_a_candidate_driving_into_a_detected_vehicle_scores_below_one_that_stops():
     ego = EgoState(vx=10.0)
-    context = ScoringContext(ego=ego, detections=[box_of(TopDownCamera(), (20.0, 0.0))])
+    context = ScoringContext(ego=ego, **parked(TopDownCamera(), (20.0, 0.0), 10.0))
     scores = PerceptionScorer().score(candidates(constant_speed(10.0), braking(10.0, 5.0)), context)
     assert scores[0] == 0.0  # NC = 0: the plan reaches the parked car at 1.25 s
     # the stop 10 m ahead: no collision, no TTC hit, the only safe progress (EP 1); braking at 5 m/s^2 is past
     # the comfort bound (-4.05 m/s^2), so C = 0
     assert scores[1] == pytest.approx(10 / 12)
     agents = perceived_agents(context)
-    assert len(agents) == 1 and agents[0].velocity == (0.0, 0.0)
+    assert len(agents) == 1 and np.allclose(agents[0].velocity, (0.0, 0.0), atol=1e-9)
     np.testing.assert_allclose([*agents[0].xy, agents[0].length, agents[0].width], [20.0, 0.0, 5.0, 2.0], atol=1e-9)
 
 
@@ -92,9 +99,25 @@ def test_a_lead_vehicle_seen_twice_moves_at_its_velocity_and_is_not_hit():
     np.testing.assert_allclose([a.velocity for a in agents], [[10.0, 0.0], [0.0, 0.0]], atol=1e-9)
     scores = PerceptionScorer().score(candidates(constant_speed(10.0)), context)
     assert scores[0] > 0.99  # nothing hit, nothing within TTC, comfortable, EP 1
-    standing = PerceptionScorer().score(candidates(constant_speed(10.0)),
-                                        ScoringContext(ego=ego, detections=context.detections))
-    assert standing[0] == 0.0  # one frame only: the lead is taken as standing and the same plan hits it
+    once = ScoringContext(ego=ego, detections=context.detections)
+    # no previous frame: every vehicle moves like the ego (not parked: the plan keeping its speed is clear)
+    np.testing.assert_allclose([a.velocity for a in perceived_agents(once)], [[10.0, 0.0], [10.0, 0.0]], atol=1e-9)
+    assert PerceptionScorer().score(candidates(constant_speed(10.0)), once)[0] > 0.99
+
+
+def test_without_a_previous_frame_everything_moves_like_the_ego_with_one_a_new_box_stands():
+    camera, ego = TopDownCamera(), EgoState(vx=8.0, vy=0.5)
+    boxes = [box_of(camera, (20.0, 0.0)), box_of(camera, (-10.0, -8.0))]
+    np.testing.assert_allclose([a.velocity for a in perceived_agents(ScoringContext(ego=ego, detections=boxes))],
+                               [[8.0, 0.5], [8.0, 0.5]], atol=1e-9)
+    # the first box was 3.2 m farther ahead 0.4 s ago: standing over the ground; the second is new (30 m away from
+    # every earlier box, beyond the gate of 30 m/s x 0.4 s + 2 m): standing, the cautious reading
+    context = ScoringContext(ego=ego, detections=boxes, previous_detections=[box_of(camera, (23.2, 0.2))],
+                             previous_age_s=0.4)
+    np.testing.assert_allclose([a.velocity for a in perceived_agents(context)], [[0.0, 0.0], [0.0, 0.0]], atol=1e-9)
+    # a previous frame that saw nothing: every box is new and stands
+    empty = ScoringContext(ego=ego, detections=boxes, previous_detections=[], previous_age_s=0.4)
+    np.testing.assert_allclose([a.velocity for a in perceived_agents(empty)], [[0.0, 0.0], [0.0, 0.0]], atol=1e-9)
 
 
 def test_an_explicit_previous_pose_replaces_dead_reckoning():

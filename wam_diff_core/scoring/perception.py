@@ -3,8 +3,11 @@
 Each box becomes a vehicle on the ground (`camera.TopDownCamera.to_ground`): centred where its box is, as long
 and wide as the box (heading along the ego's x: the box is axis-aligned in the frame, so it encloses the vehicle
 whatever its heading). With the previous frame's detections it moves at the constant velocity of its match
-(`association.match`, the ego's own motion taken out), else it stands still. No map: DAC is 1; the route target
-enters through progress.
+(`association.match`, the ego's own motion taken out); a box without a match stands still (a vehicle just come
+into view, or one the detector missed before: the cautious reading). Without a previous frame at all (the
+planner's first frame, or one after a gap), every vehicle moves like the ego: one frame tells where traffic is,
+not how fast it goes, and it mostly drives with the ego; taken as standing, every lead looks parked and every
+plan is forecast to hit it. No map: DAC is 1; the route target enters through progress.
 """
 from __future__ import annotations
 
@@ -48,12 +51,16 @@ def _into_this_frame(centres: np.ndarray, context: ScoringContext) -> np.ndarray
 
 def perceived_agents(context: ScoringContext, min_score: float = 0.0) -> list[Agent]:
     """The vehicles the context's detections (score >= `min_score`) place on the ground, with velocities (m/s,
-    ego frame, over the ground) from the previous detections where a match exists, else standing."""
+    ego frame, over the ground) from the previous detections where a match exists, else standing; without
+    previous detections (None) every vehicle moves at the ego's velocity."""
     kept = [d for d in context.detections if d.score >= min_score]
     centres, sizes = ground_boxes(kept, context.camera)
     own = _not_the_ego(centres)
     centres, sizes = centres[own], sizes[own]
-    velocity = np.zeros_like(centres)
+    if context.previous_detections is None:
+        velocity = np.tile([float(context.ego.vx), float(context.ego.vy)], (centres.shape[0], 1))
+    else:
+        velocity = np.zeros_like(centres)
     if context.previous_detections:
         previous = [d for d in context.previous_detections if d.score >= min_score]
         seen, _ = ground_boxes(previous, context.camera)
