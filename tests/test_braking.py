@@ -115,7 +115,8 @@ def test_when_even_braking_collides_the_hardest_braking_is_published():
 def test_the_planner_brakes_for_a_detected_car_counts_it_and_does_not_when_told_not_to():
     # a car standing 29 m ahead, 25 m 0.4 s later (seen twice: standing); the model's two candidates drive on at 10 m/s
     for braking, wins in ((True, 1), (False, 0)):
-        policy = CandidatePolicy([straight(10.0), straight(10.5)], detections=[[box_at(29.0, 0.0)], [box_at(25.0, 0.0)]])
+        policy = CandidatePolicy([straight(10.0), straight(10.5)],
+                                 detections=[[box_at(29.0, 0.0)], [box_at(25.0, 0.0)]])
         planner = CandidatePlanner(policy, candidates=2, scorer="perception", braking=braking)
         planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=0.6)  # no previous frame: it moves like the ego
         plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=1.0)
@@ -132,7 +133,8 @@ def test_the_planner_brakes_for_a_detected_car_counts_it_and_does_not_when_told_
 
 def test_one_candidate_with_perception_is_checked_and_braked_when_it_would_hit_a_detected_car():
     # a car standing 29 m, then 25 m ahead; then one 60 m ahead, new (beyond the gate of every earlier box): standing
-    policy = CandidatePolicy([straight(10.0)], detections=[[box_at(29.0, 0.0)], [box_at(25.0, 0.0)], [box_at(60.0, 0.0)]])
+    policy = CandidatePolicy([straight(10.0)],
+                             detections=[[box_at(29.0, 0.0)], [box_at(25.0, 0.0)], [box_at(60.0, 0.0)]])
     planner = CandidatePlanner(policy, candidates=1, scorer="perception")
     plan = planner.plan([IMAGE], EgoState(10.0), "follow lane", time_s=0.6)  # no previous frame: it moves like the ego
     assert plan.chosen == 0 and plan.score == pytest.approx(1.0)
