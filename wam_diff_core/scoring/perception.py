@@ -59,9 +59,8 @@ def perceived_agents(context: ScoringContext, min_score: float = 0.0) -> list[Ag
     centres, sizes = centres[own], sizes[own]
     if context.previous_detections is None:
         velocity = np.tile([float(context.ego.vx), float(context.ego.vy)], (centres.shape[0], 1))
-    else:
+    else:  # matched boxes at their measured velocity, the others (all, after an empty frame) standing
         velocity = np.zeros_like(centres)
-    if context.previous_detections:
         previous = [d for d in context.previous_detections if d.score >= min_score]
         seen, _ = ground_boxes(previous, context.camera)
         seen = seen[_not_the_ego(seen)]
